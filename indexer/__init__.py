@@ -1,0 +1,49 @@
+"""indexer: exact, tensor-parallel-sharded lightning-indexer prefill top-k.
+
+``import indexer`` needs only torch; vendor packages (DeepGEMM, AITER, Triton) are imported
+lazily inside their backends, and no device context is created at import.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .api import prefill_topk, quantize_fp8
+from .backends import BackendUnavailableError
+from .partition import CostModel, RowPlan, plan_rows
+from .platform import current_platform
+
+
+def available_backends(problem=None, device=None):
+    """Every registered backend, whether it can run here, and why not.
+
+    Args:
+        problem: Optional validated :class:`indexer.problem.Problem` to check shapes against.
+        device: Device whose platform to use (default: the machine's accelerator, else CPU).
+
+    Returns:
+        list of :class:`indexer.backends.BackendStatus`.
+    """
+    from .backends import backend_statuses
+    from .platform import platform_for_device
+
+    if problem is not None:
+        platform = platform_for_device(problem.device)
+    elif device is not None:
+        platform = platform_for_device(device)
+    else:
+        platform = current_platform()
+    return backend_statuses(platform, problem)
+
+
+__all__ = [
+    "BackendUnavailableError",
+    "CostModel",
+    "RowPlan",
+    "__version__",
+    "available_backends",
+    "current_platform",
+    "plan_rows",
+    "prefill_topk",
+    "quantize_fp8",
+]

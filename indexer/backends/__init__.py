@@ -1,0 +1,119 @@
+"""Backend registry and the one dispatch point.
+
+Backends are registered by name with the module that defines them; a module is imported
+only when its backend is first asked for, and vendor packages only inside the backend's
+methods. Dispatch walks the platform's priority list and takes the first backend that
+reports no reason against the problem; when none fits, one error lists every backend with
+its reasons. A backend the user forces (argument or ``INDEXER_BACKEND``) that cannot run
+raises; it never falls back silently.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from ..platform import Platform
+from ..problem import Problem
+from .base import Backend, run_rows
+
+__all__ = [
+    "Backend",
+    "BackendStatus",
+    "BackendUnavailableError",
+    "backend_names",
+    "backend_statuses",
+    "get_backend",
+    "register_backend",
+    "run_rows",
+    "select_backend",
+]
+
+_MODULES: dict[str, str] = {"torch": "indexer.backends.torch_ref"}
+_INSTANCES: dict[str, Backend] = {}
+
+
+class BackendUnavailableError(RuntimeError):
+    """No backend (or not the forced one) can run the problem; the message says why."""
+
+
+def register_backend(name: str, module: str) -> None:
+    """Register ``module`` (which defines ``BACKEND``) under ``name``."""
+    _MODULES[name] = module
+    _INSTANCES.pop(name, None)
+
+
+def backend_names() -> tuple[str, ...]:
+    return tuple(_MODULES)
+
+
+def get_backend(name: str) -> Backend:
+    """The backend registered as ``name`` (its module imported on first use)."""
+    if name not in _MODULES:
+        raise BackendUnavailableError(f"backend {name!r} is not registered; registered: {', '.join(_MODULES)}")
+    if name not in _INSTANCES:
+        _INSTANCES[name] = importlib.import_module(_MODULES[name]).BACKEND
+    return _INSTANCES[name]
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """One row of :func:`indexer.available_backends`."""
+
+    name: str
+    available: bool
+    reasons: tuple[str, ...]
+    in_priority: bool
+
+
+def _reasons(name: str, problem: Problem | None) -> list[str]:
+    try:
+        return get_backend(name).not_supported_reasons(problem)
+    except Exception as exc:  # noqa: BLE001 - a broken backend module is a reason, not a crash
+        return [f"backend failed to load: {type(exc).__name__}: {exc}"]
+
+
+def backend_statuses(platform: Platform, problem: Problem | None = None) -> list[BackendStatus]:
+    """Every registered backend with its reasons, priority-list backends first."""
+    order = [n for n in platform.backend_priority if n in _MODULES]
+    order += [n for n in _MODULES if n not in order]
+    out = []
+    for name in order:
+        reasons = _reasons(name, problem)
+        if name not in platform.backend_priority:
+            reasons = reasons or [f"not in the {platform.vendor} priority list (can be forced)"]
+        out.append(BackendStatus(name, not reasons, tuple(reasons), name in platform.backend_priority))
+    return out
+
+
+def select_backend(problem: Problem, platform: Platform, requested: str = "auto") -> Backend:
+    """Pick the backend that runs ``problem``.
+
+    Args:
+        problem: The validated step.
+        platform: Platform of the tensors' device.
+        requested: ``auto`` or a backend name (forced).
+
+    Raises:
+        BackendUnavailableError: The forced backend cannot run (with its reasons), or no
+            backend can (with every backend's reasons).
+    """
+    if requested != "auto":
+        if requested not in _MODULES:
+            raise BackendUnavailableError(
+                f"backend {requested!r} was forced but is not available in this build; registered: {', '.join(_MODULES)}"
+            )
+        reasons = _reasons(requested, problem)
+        if reasons:
+            raise BackendUnavailableError(f"backend {requested!r} was forced but cannot run: " + "; ".join(reasons))
+        return get_backend(requested)
+    lines = []
+    for name in platform.backend_priority:
+        if name not in _MODULES:
+            lines.append(f"  {name}: not registered in this build")
+            continue
+        reasons = _reasons(name, problem)
+        if not reasons:
+            return get_backend(name)
+        lines.append(f"  {name}: " + "; ".join(reasons))
+    raise BackendUnavailableError(f"no backend can run this problem on {platform.describe()}:\n" + "\n".join(lines))

@@ -1,0 +1,137 @@
+"""The one interface every backend implements, and the chunked driver that runs it.
+
+A backend supplies two kernels, ``logits`` (fill a float32 ``[R, n]`` block for rows
+``[a, b)`` and key columns ``[lo, hi)``) and ``topk`` (turn that block into row-relative
+int32 indices), plus ``not_supported_reasons`` and a cost model. :func:`run_rows` drives
+them over any set of row ranges in chunks whose working set stays under a byte budget,
+using one workspace that is reused across chunks and calls.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import ClassVar, Sequence
+
+import torch
+
+from ..partition import CostModel
+from ..problem import Problem
+from ..workspace import logits_workspace
+
+_MAX_CHUNK_BYTES = 2**31 - 1
+"""Cap on one chunk's float32 logits: kernels index them with 32-bit offsets (AITER's
+failed past 2 GiB upstream)."""
+
+
+class Backend(abc.ABC):
+    """A logits + top-k implementation.
+
+    Subclasses set ``name`` and ``cost_model`` and implement the three methods. Vendor
+    packages are imported inside the methods, never at module import.
+    """
+
+    name: ClassVar[str]
+    cost_model: ClassVar[CostModel] = CostModel()
+
+    @abc.abstractmethod
+    def not_supported_reasons(self, problem: Problem | None) -> list[str]:
+        """Why this backend cannot run ``problem`` (empty list: it can).
+
+        With ``problem=None`` only environment reasons are given (package, device), as
+        ``python -m indexer info`` shows them.
+        """
+
+    @abc.abstractmethod
+    def logits(self, problem: Problem, rows: tuple[int, int], cols: tuple[int, int], out: torch.Tensor) -> None:
+        """Write the logits of rows ``[a, b)`` over key columns ``[lo, hi)``.
+
+        Args:
+            problem: The validated step.
+            rows: Global row range ``(a, b)``.
+            cols: Key range ``(lo, hi)``; covers every row's window in the chunk.
+            out: float32 ``[b - a, hi - lo]`` (row-major, may be a workspace view); entry
+                ``[i, j]`` gets the logit of row ``a + i`` and key ``lo + j``, ``-inf``
+                outside the row's window.
+        """
+
+    @abc.abstractmethod
+    def topk(self, problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
+        """Write each row's top-k keys from a logits block.
+
+        Args:
+            problem: The validated step.
+            logits: float32 ``[R, n]`` block written by :meth:`logits`, column ``j`` is key ``lo + j``.
+            rows: Global row range ``(a, b)`` with ``b - a == R``.
+            lo: Key of column 0.
+            out: int32 ``[R, topk]``; row-relative indices (key - row_starts), ``-1`` padded.
+        """
+
+    def chunk_bytes(self, rows: torch.Tensor, width: torch.Tensor, problem: Problem) -> torch.Tensor:
+        """Working-set bytes of a chunk of ``rows`` rows and ``width`` key columns.
+
+        Args:
+            rows: int64 tensor of candidate row counts.
+            width: int64 tensor of the matching column widths.
+
+        Returns:
+            int64 tensor of bytes; the default counts the float32 logits only.
+        """
+        return rows * width * 4
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+def _chunk_end(backend: Backend, problem: Problem, start: int, stop: int, budget: int) -> tuple[int, int, int]:
+    """Largest chunk ``[start, end)`` within ``[start, stop)`` that fits the budget.
+
+    Returns ``(end, lo, hi)`` where ``[lo, hi)`` is the union of the chunk's row windows
+    (empty rows ignored). At least one row is always taken.
+    """
+    starts = problem.starts_host[start:stop]
+    ends = problem.ends_host[start:stop]
+    empty = ends <= starts
+    big = torch.iinfo(torch.int64).max
+    lo = torch.cummin(torch.where(empty, big, starts), 0).values
+    hi = torch.cummax(torch.where(empty, -1, ends), 0).values
+    width = (hi - lo).clamp_min(0)
+    count = torch.arange(1, stop - start + 1, dtype=torch.int64)
+    fits = (backend.chunk_bytes(count, width, problem) <= budget) & (count * width * 4 <= _MAX_CHUNK_BYTES)
+    # both costs grow with the chunk, so the fitting chunks are a prefix
+    take = max(1, int(fits.sum()))
+    end = start + take
+    if width[take - 1] == 0:
+        return end, 0, 0
+    return end, int(lo[take - 1]), int(hi[take - 1])
+
+
+def run_rows(
+    backend: Backend,
+    problem: Problem,
+    ranges: Sequence[tuple[int, int]],
+    out: torch.Tensor,
+    budget_bytes: int,
+) -> None:
+    """Compute the top-k of the given rows into ``out``.
+
+    Args:
+        backend: Backend to run.
+        problem: The validated step.
+        ranges: Global half-open row ranges, in the order their rows appear in ``out``.
+        out: int32 ``[sum of range lengths, topk]``.
+        budget_bytes: Working-set budget for one chunk (see :meth:`Backend.chunk_bytes`).
+    """
+    row = 0
+    for a, b in ranges:
+        start = a
+        while start < b:
+            end, lo, hi = _chunk_end(backend, problem, start, b, budget_bytes)
+            dst = out[row + start - a : row + end - a]
+            if hi <= lo:  # every row in the chunk is empty
+                dst.fill_(-1)
+            else:
+                block = logits_workspace(problem.device, (end - start) * (hi - lo)).view(end - start, hi - lo)
+                backend.logits(problem, (start, end), (lo, hi), block)
+                backend.topk(problem, block, (start, end), lo, dst)
+            start = end
+        row += b - a

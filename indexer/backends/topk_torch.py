@@ -1,0 +1,59 @@
+"""Per-row top-k with torch.topk and a deterministic tie rule.
+
+torch.topk may break ties differently depending on the shape of the block it runs on, and
+a sharded run sees different blocks than a replicated one. So whenever the k-th value of a
+row is tied across the cut, the tied keys are resolved by the lowest key index. That
+makes the selected set a function of the row's logits alone: sharded and replicated runs
+agree exactly, ties included, as long as the logits themselves are bit-identical.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def row_topk(logits: torch.Tensor, starts_rel: torch.Tensor, lengths: torch.Tensor, topk: int, out: torch.Tensor) -> None:
+    """Top-k keys of every row of a logits block, as row-relative indices.
+
+    Args:
+        logits: float32 ``[R, n]``; column ``j`` is key ``lo + j``, ``-inf`` outside a
+            row's window.
+        starts_rel: int64 ``[R]``, ``row_starts - lo`` (the column of each row's first key).
+        lengths: int64 ``[R]``, keys in each row's window (``row_ends - row_starts``, >= 0).
+        topk: Keys kept per row.
+        out: int32 ``[R, topk]``; gets indices relative to ``row_starts``, unordered,
+            ``-1`` padded when a row has fewer than ``topk`` keys.
+    """
+    rows, n = logits.shape
+    device = logits.device
+    ar = torch.arange(topk, device=device, dtype=torch.int64)
+    # A row with <= topk keys keeps all of them: its answer needs no logits at all.
+    result = torch.where(ar[None, :] < lengths[:, None], ar[None, :], -1)
+    long_rows = lengths > topk
+    if n > topk and bool(long_rows.any()):
+        vals, idx = torch.topk(logits, topk, dim=1, sorted=False)
+        kth = vals.min(dim=1).values
+        at_or_above = (logits >= kth[:, None]).sum(dim=1)
+        tied = long_rows & (at_or_above > topk)
+        tied_rows = torch.nonzero(tied).flatten()
+        if tied_rows.numel():
+            idx[tied_rows] = _lowest_index_topk(logits, tied_rows, kth, topk)
+        rel = idx - starts_rel[:, None]
+        result = torch.where(long_rows[:, None], rel, result)
+    out.copy_(result)
+
+
+def _lowest_index_topk(logits: torch.Tensor, rows: torch.Tensor, kth: torch.Tensor, topk: int) -> torch.Tensor:
+    """Columns of the top-k of ``rows``, ties at the k-th value going to the lowest columns."""
+    picked = []
+    step = max(1, logits.shape[0] // 4)  # bound the temporaries to a fraction of the block
+    for i in range(0, rows.numel(), step):
+        sel_rows = rows[i : i + step]
+        x = logits.index_select(0, sel_rows)
+        v = kth.index_select(0, sel_rows)[:, None]
+        above = x > v
+        equal = x == v
+        need = topk - above.sum(dim=1, keepdim=True)
+        keep = above | (equal & (torch.cumsum(equal, dim=1, dtype=torch.int32) <= need))
+        picked.append(torch.nonzero(keep)[:, 1].view(sel_rows.numel(), topk))
+    return torch.cat(picked)

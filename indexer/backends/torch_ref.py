@@ -1,0 +1,66 @@
+"""The reference backend: plain torch, runs everywhere (CPU included).
+
+Each q.k dot product is computed in float64, where it is exact: fp8 e4m3 values carry 4
+significant bits, so every product and partial sum of D <= 2^16 terms fits in float64's 53
+bits whatever the summation order. The head sum and scaling are elementwise in a fixed
+order. A row's logits are therefore bit-identical whatever chunk or block shape they are
+computed in, which is what lets sharded and replicated runs agree exactly, ties included.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..partition import CostModel
+from ..problem import Problem
+from .base import Backend
+from .topk_torch import row_topk
+
+_COL_BLOCK = 8192
+"""Key columns per inner step; bounds the float64 temporaries to ``R x 8192``."""
+
+
+class TorchBackend(Backend):
+    """Chunked torch reference: float64-exact dots, torch.topk with lowest-index ties."""
+
+    name = "torch"
+    # torch.topk reads every column of the block, so the width term matters as much as
+    # the keys scored.
+    cost_model = CostModel(per_key=1, per_width=1, per_row=256)
+
+    def not_supported_reasons(self, problem: Problem | None) -> list[str]:
+        return []
+
+    def chunk_bytes(self, rows: torch.Tensor, width: torch.Tensor, problem: Problem) -> torch.Tensor:
+        cb = width.clamp_max(_COL_BLOCK)
+        # float32 logits + bool masks, float64 accumulator + head dot, topk values/indices
+        per_row = 6 * width + 16 * cb + 12 * problem.topk
+        return rows * per_row + cb * problem.head_dim * 8
+
+    def logits(self, problem: Problem, rows: tuple[int, int], cols: tuple[int, int], out: torch.Tensor) -> None:
+        a, b = rows
+        lo, hi = cols
+        q = problem.q[a:b].to(torch.float64)
+        w = problem.weights[a:b].to(torch.float64)
+        for c0 in range(lo, hi, _COL_BLOCK):
+            c1 = min(hi, c0 + _COL_BLOCK)
+            kt = problem.k[c0:c1].to(torch.float64).t()
+            acc = torch.zeros(b - a, c1 - c0, dtype=torch.float64, device=out.device)
+            for h in range(problem.num_heads):
+                s = q[:, h, :] @ kt
+                acc.add_(s.clamp_(min=0).mul_(w[:, h : h + 1]))
+            acc.mul_(problem.k_scale[c0:c1].to(torch.float64))
+            out[:, c0 - lo : c1 - lo].copy_(acc)
+        col = torch.arange(lo, hi, device=out.device)
+        starts = problem.row_starts[a:b, None]
+        ends = problem.row_ends[a:b, None]
+        out.masked_fill_((col[None, :] < starts) | (col[None, :] >= ends), float("-inf"))
+
+    def topk(self, problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
+        a, b = rows
+        starts = problem.row_starts[a:b].to(torch.int64)
+        lengths = problem.row_ends[a:b].to(torch.int64) - starts
+        row_topk(logits, starts - lo, lengths, problem.topk, out)
+
+
+BACKEND = TorchBackend()

@@ -1,0 +1,82 @@
+"""``python -m indexer info``: versions, platform, backends, effective settings."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+
+import torch
+
+_PACKAGES = (
+    ("triton", "triton"),
+    ("deep_gemm", "deep-gemm"),
+    ("deep_gemm", "sgl-deep-gemm"),
+    ("aiter", "amd-aiter"),
+    ("pynvml", "nvidia-ml-py"),
+    ("amdsmi", "amdsmi"),
+)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("info", help="versions, detected platform, backends and effective settings")
+    p.set_defaults(func=run)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*map(str, r)) for r in rows]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    import indexer
+    from indexer import envs
+    from indexer.workspace import workspace_bytes
+
+    platform = indexer.current_platform()
+    print(f"indexer {indexer.__version__}")
+    print(f"torch {torch.__version__} (cuda {torch.version.cuda}, hip {torch.version.hip})")
+    seen = set()
+    for module, dist in _PACKAGES:
+        v = _version(dist)
+        if v is not None or module not in seen:
+            if v is not None:
+                seen.add(module)
+                print(f"{dist} {v}")
+    missing = sorted({m for m, _ in _PACKAGES} - seen)
+    if missing:
+        print("not installed: " + ", ".join(missing))
+    print(f"platform: {platform.describe()}")
+    for note in platform.notes:
+        print(f"  note: {note}")
+
+    print("\nbackends (priority order for this platform):")
+    rows = []
+    for st in indexer.available_backends():
+        rows.append((st.name, "yes" if st.available else "no", "; ".join(st.reasons) or "-"))
+    print(_table(rows, ("backend", "available", "reasons")))
+
+    print("\nsettings:")
+    rows = []
+    for flag in envs.flags():
+        try:
+            r = envs.resolve(flag.name, platform.key)
+            rows.append((flag.env_name, r.value, r.source, flag.allowed()))
+        except ValueError:
+            rows.append((flag.env_name, "INVALID", "env", flag.allowed()))
+    print(_table(rows, ("flag", "value", "from", "allowed")))
+    problems = envs.validate_environment(platform.key)
+    for msg in problems:
+        print(f"  warning: {msg}")
+    ws = workspace_bytes()
+    print("\nlogits workspace: " + (", ".join(f"{d} {b / 2**20:.1f} MiB" for d, b in ws.items()) or "not allocated yet"))
+    return 0

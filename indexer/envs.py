@@ -1,0 +1,293 @@
+"""Every ``INDEXER_*`` environment flag, declared once.
+
+Each flag has a type, a default (optionally one per platform), the allowed values and a
+docstring. Flags that tune behaviour per vendor can also be set per platform:
+``INDEXER_CUDA_TP_SHARD_MIN_ROWS`` wins over ``INDEXER_TP_SHARD_MIN_ROWS`` on NVIDIA, and
+likewise ``INDEXER_ROCM_*`` and ``INDEXER_CPU_*``. Explicit function arguments win over both.
+
+Values are read at call time, not at import time, so a test or an engine can change the
+environment between calls. A bad value raises :class:`ValueError` naming the flag and the
+allowed values.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+PLATFORM_KEYS = ("cuda", "rocm", "cpu")
+"""Platform keys used in per-platform flag names (``INDEXER_<KEY>_<NAME>``)."""
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError(f"expected one of {', '.join(_TRUE + _FALSE)}")
+
+
+def _parse_positive_int(text: str) -> int:
+    value = int(text.strip())
+    if value < 0:
+        raise ValueError("expected an integer >= 0")
+    return value
+
+
+def _parse_positive_float(text: str) -> float:
+    value = float(text.strip())
+    if not value > 0:
+        raise ValueError("expected a number > 0")
+    return value
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One environment flag.
+
+    Attributes:
+        name: Name without the ``INDEXER_`` prefix, e.g. ``"TP_SHARD"``.
+        parse: Turns the raw string into the typed value; raises ``ValueError`` when bad.
+        default: Value when unset.
+        doc: One-paragraph description shown by ``python -m indexer info``.
+        choices: Allowed values for string flags (compared lower-cased), else ``None``.
+        per_platform: Whether ``INDEXER_<PLATFORM>_<NAME>`` overrides are honoured.
+        platform_defaults: Defaults that differ per platform key.
+        type_name: Human name of the type for messages.
+    """
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+    choices: tuple[str, ...] | None = None
+    per_platform: bool = False
+    platform_defaults: dict[str, Any] = field(default_factory=dict)
+    type_name: str = "str"
+
+    @property
+    def env_name(self) -> str:
+        return f"INDEXER_{self.name}"
+
+    def platform_env_name(self, platform_key: str) -> str:
+        return f"INDEXER_{platform_key.upper()}_{self.name}"
+
+    def allowed(self) -> str:
+        if self.choices is not None:
+            return "one of " + "|".join(self.choices)
+        if self.type_name == "bool":
+            return "a boolean (" + "|".join(_TRUE + _FALSE) + ")"
+        return self.type_name
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        low = text.strip().lower()
+        if low not in choices:
+            raise ValueError(f"expected one of {'|'.join(choices)}")
+        return low
+
+    return parse
+
+
+_FLAGS: dict[str, Flag] = {}
+
+
+def _declare(flag: Flag) -> Flag:
+    _FLAGS[flag.name] = flag
+    return flag
+
+
+BACKEND = _declare(
+    Flag(
+        "BACKEND",
+        _choice("auto", "deepgemm", "aiter", "triton", "torch"),
+        "auto",
+        "Backend for logits and top-k. 'auto' takes the first backend of the platform's "
+        "priority list that supports the problem; any other value forces that backend and "
+        "raises if it cannot run (never a silent fallback).",
+        choices=("auto", "deepgemm", "aiter", "triton", "torch"),
+        per_platform=True,
+    )
+)
+MAX_LOGITS_MB = _declare(
+    Flag(
+        "MAX_LOGITS_MB",
+        _parse_positive_float,
+        4096.0,
+        "Byte budget (MiB) of the logits workspace. Rows are processed in chunks so that "
+        "the float32 logits of one chunk (and the backend's temporaries) stay under it, "
+        "whatever the context length.",
+        per_platform=True,
+        platform_defaults={"cpu": 512.0},
+        type_name="float (MiB)",
+    )
+)
+TP_SHARD = _declare(
+    Flag(
+        "TP_SHARD",
+        _parse_bool,
+        True,
+        "Split the query rows across the tensor-parallel group (on) or compute every row "
+        "on every rank (off, the replicated behaviour).",
+        per_platform=True,
+        type_name="bool",
+    )
+)
+TP_SHARD_STRATEGY = _declare(
+    Flag(
+        "TP_SHARD_STRATEGY",
+        _choice("auto", "contiguous", "remainder0", "fold", "balanced"),
+        "auto",
+        "Row partition strategy. 'auto' picks the plan with the lowest predicted "
+        "max-rank cost among those the chosen reassembly supports.",
+        choices=("auto", "contiguous", "remainder0", "fold", "balanced"),
+        per_platform=True,
+    )
+)
+TP_SHARD_MIN_ROWS = _declare(
+    Flag(
+        "TP_SHARD_MIN_ROWS",
+        _parse_positive_int,
+        512,
+        "Shard only when rows >= this many rows per rank times the TP size; below it "
+        "every rank computes all rows (a split of small work loses to its exchange).",
+        per_platform=True,
+        platform_defaults={"cuda": 16384, "rocm": 512, "cpu": 512},
+        type_name="int",
+    )
+)
+REASSEMBLY = _declare(
+    Flag(
+        "REASSEMBLY",
+        _choice("auto", "allgatherv", "ring", "padded"),
+        "auto",
+        "How ranks exchange their top-k rows. 'auto' probes the process group once "
+        "(backend, variable-size all-gather support) and picks the best that works.",
+        choices=("auto", "allgatherv", "ring", "padded"),
+        per_platform=True,
+    )
+)
+CHECK_CONSISTENCY = _declare(
+    Flag(
+        "CHECK_CONSISTENCY",
+        _parse_bool,
+        False,
+        "Before the exchange, all-reduce a fingerprint of (M, N, H, D, topk, plan) and "
+        "raise naming the disagreeing ranks instead of hanging or returning garbage. "
+        "Costs one small collective per call.",
+        type_name="bool",
+    )
+)
+
+
+def flags() -> tuple[Flag, ...]:
+    """All declared flags, in declaration order."""
+    return tuple(_FLAGS.values())
+
+
+def get_flag(name: str) -> Flag:
+    """The flag called ``name`` (with or without the ``INDEXER_`` prefix)."""
+    key = name.removeprefix("INDEXER_")
+    try:
+        return _FLAGS[key]
+    except KeyError:
+        raise KeyError(f"unknown indexer flag {name!r}; known: {', '.join(_FLAGS)}") from None
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A flag's effective value and where it came from."""
+
+    flag: Flag
+    value: Any
+    source: str
+
+
+def resolve(name: str, platform_key: str | None = None, override: Any = None) -> Resolved:
+    """Effective value of a flag.
+
+    Precedence: ``override`` (a function argument, when not ``None``), then
+    ``INDEXER_<PLATFORM>_<NAME>``, then ``INDEXER_<NAME>``, then the platform default, then
+    the default.
+
+    Args:
+        name: Flag name, with or without the ``INDEXER_`` prefix.
+        platform_key: ``"cuda"``, ``"rocm"``, ``"cpu"`` or ``None``.
+        override: Value given explicitly by the caller; validated like the env value.
+
+    Raises:
+        ValueError: When a value is not allowed; the message names the flag and lists the
+            allowed values.
+    """
+    flag = get_flag(name)
+    if override is not None:
+        return Resolved(flag, _parse_value(flag, override, "argument"), "argument")
+    candidates = []
+    if flag.per_platform and platform_key is not None:
+        candidates.append(flag.platform_env_name(platform_key))
+    candidates.append(flag.env_name)
+    for env_name in candidates:
+        raw = os.environ.get(env_name)
+        if raw is not None and raw.strip() != "":
+            return Resolved(flag, _parse_value(flag, raw, env_name), f"env {env_name}")
+    if platform_key in flag.platform_defaults:
+        return Resolved(flag, flag.platform_defaults[platform_key], f"default ({platform_key})")
+    return Resolved(flag, flag.default, "default")
+
+
+def value(name: str, platform_key: str | None = None, override: Any = None) -> Any:
+    """Shorthand for ``resolve(...).value``."""
+    return resolve(name, platform_key, override).value
+
+
+def _parse_value(flag: Flag, raw: Any, where: str) -> Any:
+    if not isinstance(raw, str):
+        if flag.type_name == "bool" and isinstance(raw, bool):
+            return raw
+        raw = str(raw)
+    try:
+        return flag.parse(raw)
+    except ValueError as exc:
+        raise ValueError(
+            f"{flag.env_name}: bad value {raw!r} (from {where}); allowed: {flag.allowed()} ({exc})"
+        ) from None
+
+
+def validate_environment(platform_key: str | None = None) -> list[str]:
+    """Parse every set flag and return one message per bad value (empty when all good)."""
+    problems = []
+    for flag in flags():
+        keys = PLATFORM_KEYS if flag.per_platform else ()
+        names = [flag.env_name] + [flag.platform_env_name(k) for k in keys]
+        for env_name in names:
+            raw = os.environ.get(env_name)
+            if raw is None or raw.strip() == "":
+                continue
+            try:
+                _parse_value(flag, raw, env_name)
+            except ValueError as exc:
+                problems.append(str(exc))
+    unknown = sorted(
+        n for n in os.environ if n.startswith("INDEXER_") and not _is_known_env_name(n)
+    )
+    problems.extend(f"{n}: unknown indexer flag (typo?)" for n in unknown)
+    return problems
+
+
+def _is_known_env_name(env_name: str) -> bool:
+    rest = env_name.removeprefix("INDEXER_")
+    if rest in _FLAGS:
+        return True
+    for key in PLATFORM_KEYS:
+        prefix = key.upper() + "_"
+        if rest.startswith(prefix):
+            flag = _FLAGS.get(rest[len(prefix):])
+            if flag is not None and flag.per_platform:
+                return True
+    return False

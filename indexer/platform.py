@@ -1,0 +1,201 @@
+"""Which accelerator we run on: vendor, architecture, device count.
+
+One class per vendor, each with capability predicates. Detection asks NVML (nvidia-ml-py)
+or amdsmi when installed and falls back to what torch knows without initialising its
+device runtime, so calling :func:`current_platform` never creates a CUDA/HIP context and
+a process can still fork afterwards. Nothing here runs at import time.
+
+Architecture names follow the compilers: ``sm90`` (H100/H200), ``sm100`` (B200), ``gfx942``
+(MI300), ``gfx950`` (MI355), ``cpu``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+import torch
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What the library needs to know about the machine.
+
+    Attributes:
+        arch: Architecture name (``sm90``, ``gfx950``, ``cpu``; ``unknown`` when no probe
+            could tell without creating a device context).
+        device_name: Marketing name of device 0 (or of the device asked for).
+        device_count: Number of visible devices of this vendor.
+        probe: What answered: ``pynvml``, ``amdsmi``, ``torch`` or ``none``.
+        notes: Why a better probe was not used (missing package, import error...).
+    """
+
+    arch: str = "cpu"
+    device_name: str = "cpu"
+    device_count: int = 0
+    probe: str = "none"
+    notes: tuple[str, ...] = ()
+
+    key: ClassVar[str] = "cpu"
+    """Platform key, used in per-platform env flags (``INDEXER_<KEY>_*``)."""
+    vendor: ClassVar[str] = "cpu"
+    backend_priority: ClassVar[tuple[str, ...]] = ("torch",)
+    """Backends to try, best first."""
+
+    def is_cuda(self) -> bool:
+        return False
+
+    def is_rocm(self) -> bool:
+        return False
+
+    def is_cpu(self) -> bool:
+        return self.key == "cpu"
+
+    def has_fp8_fnuz(self) -> bool:
+        """Whether the native fp8 format is e4m3fnuz (MI300, gfx942) rather than e4m3fn."""
+        return False
+
+    @property
+    def fp8_dtype(self) -> torch.dtype:
+        return torch.float8_e4m3fnuz if self.has_fp8_fnuz() else torch.float8_e4m3fn
+
+    def describe(self) -> str:
+        text = f"{self.vendor} {self.arch}"
+        if self.device_count:
+            text += f" ({self.device_count} x {self.device_name})"
+        return text + f" [probe: {self.probe}]"
+
+
+class CpuPlatform(Platform):
+    pass
+
+
+@dataclass(frozen=True)
+class CudaPlatform(Platform):
+    key = "cuda"
+    vendor = "nvidia"
+    backend_priority = ("deepgemm", "triton", "torch")
+
+    def is_cuda(self) -> bool:
+        return True
+
+    def is_hopper(self) -> bool:
+        return self.arch == "sm90"
+
+    def is_blackwell(self) -> bool:
+        return self.arch in ("sm100", "sm103")
+
+
+@dataclass(frozen=True)
+class RocmPlatform(Platform):
+    key = "rocm"
+    vendor = "amd"
+    backend_priority = ("aiter", "triton", "torch")
+
+    def is_rocm(self) -> bool:
+        return True
+
+    def has_fp8_fnuz(self) -> bool:
+        return self.arch == "gfx942"
+
+
+def _visible_index(var: str) -> int:
+    """Physical index of logical device 0 under *_VISIBLE_DEVICES (0 when unset or a UUID)."""
+    first = os.environ.get(var, "").split(",")[0].strip()
+    return int(first) if first.isdigit() else 0
+
+
+def _probe_nvml() -> CudaPlatform:
+    import pynvml  # nvidia-ml-py
+
+    pynvml.nvmlInit()
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            count = min(count, len([v for v in visible.split(",") if v.strip()]))
+        if count == 0:
+            raise RuntimeError("NVML sees no visible GPU")
+        handle = pynvml.nvmlDeviceGetHandleByIndex(_visible_index("CUDA_VISIBLE_DEVICES"))
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        name = pynvml.nvmlDeviceGetName(handle)
+        if isinstance(name, bytes):
+            name = name.decode()
+    finally:
+        pynvml.nvmlShutdown()
+    return CudaPlatform(arch=f"sm{major}{minor}", device_name=name, device_count=count, probe="pynvml")
+
+
+def _probe_amdsmi() -> RocmPlatform:
+    # PyPI's amdsmi raises KeyError('libamd_smi.so') at import where ROCm is absent.
+    import amdsmi
+
+    amdsmi.amdsmi_init()
+    try:
+        handles = amdsmi.amdsmi_get_processor_handles()
+        if not handles:
+            raise RuntimeError("amdsmi sees no GPU")
+        visible = os.environ.get("HIP_VISIBLE_DEVICES") or os.environ.get("ROCR_VISIBLE_DEVICES")
+        count = len(handles) if visible is None else min(len(handles), len(visible.split(",")))
+        index = _visible_index("HIP_VISIBLE_DEVICES") if visible else 0
+        info = amdsmi.amdsmi_get_gpu_asic_info(handles[index])
+        arch = str(info.get("target_graphics_version", "unknown")).split(":")[0]
+        name = str(info.get("market_name", "AMD GPU"))
+    finally:
+        amdsmi.amdsmi_shut_down()
+    return RocmPlatform(arch=arch, device_name=name, device_count=count, probe="amdsmi")
+
+
+def _arch_from_torch(index: int) -> tuple[str, str]:
+    """Arch and name of a device through torch; only call where a context may exist."""
+    props = torch.cuda.get_device_properties(index)
+    if torch.version.hip:
+        return str(getattr(props, "gcnArchName", "unknown")).split(":")[0], props.name
+    return f"sm{props.major}{props.minor}", props.name
+
+
+def _probe_torch(cls: type[Platform], notes: tuple[str, ...]) -> Platform:
+    # device_count() does not create a context; arch does, so it is read only once torch
+    # has initialised CUDA for its own reasons.
+    count = torch.cuda.device_count()
+    if count == 0:
+        return CpuPlatform(probe="torch", notes=notes + ("torch sees no GPU",))
+    arch, name = "unknown", "gpu"
+    if torch.cuda.is_initialized():
+        arch, name = _arch_from_torch(0)
+    return cls(arch=arch, device_name=name, device_count=count, probe="torch", notes=notes)
+
+
+@functools.lru_cache(maxsize=None)
+def current_platform() -> Platform:
+    """Detect the machine's platform once (cached); never creates a device context."""
+    if torch.version.hip:
+        cls, probe, what = RocmPlatform, _probe_amdsmi, "amdsmi"
+    elif torch.version.cuda:
+        cls, probe, what = CudaPlatform, _probe_nvml, "pynvml"
+    else:
+        return CpuPlatform(probe="torch", notes=("torch is a CPU build",))
+    try:
+        return probe()
+    except Exception as exc:  # noqa: BLE001 - any probe failure means "ask torch instead"
+        note = f"{what} unavailable: {type(exc).__name__}: {exc}"
+    return _probe_torch(cls, (note,))
+
+
+def platform_for_device(device: torch.device | str) -> Platform:
+    """Platform of the device that holds the tensors (a CPU tensor means the CPU platform).
+
+    For a GPU device the architecture is read from torch for that very device, which is
+    safe because tensors already live there.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return CpuPlatform(probe="tensor device")
+    base = current_platform()
+    if base.is_cpu():
+        base = (RocmPlatform if torch.version.hip else CudaPlatform)(probe="torch")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    arch, name = _arch_from_torch(index)
+    return replace(base, arch=arch, device_name=name)

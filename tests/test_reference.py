@@ -1,0 +1,109 @@
+"""Torch reference backend against an independent float64 implementation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import indexer
+from indexer.synthetic import causal_bounds, make_inputs
+
+from conftest import assert_matches_naive, sets_equal
+
+
+@pytest.mark.parametrize(
+    "seq_lens,query_lens,topk",
+    [
+        ([300, 50, 9], [120, 50, 4], 16),  # varlen batch, late chunk + whole short requests
+        ([200], [200], 64),  # first chunk: early rows shorter than topk
+        ([64, 0, 128, 1], [64, 0, 128, 1], 300),  # every row shorter than topk
+        ([1000, 700], [37, 23], 100),
+    ],
+)
+def test_matches_naive_reference(seq_lens, query_lens, topk):
+    inp = make_inputs(seq_lens, query_lens, heads=4, head_dim=32, seed=sum(seq_lens))
+    out = indexer.prefill_topk(*inp.args(), topk, backend="torch")
+    assert out.dtype == torch.int32 and out.shape == (sum(query_lens), topk)
+    assert_matches_naive(out, inp, topk)
+
+
+def test_indices_relative_and_padded():
+    inp = make_inputs([10, 30], [10, 30], heads=2, head_dim=32, seed=3)
+    out = indexer.prefill_topk(*inp.args(), 16)
+    lengths = (inp.row_ends - inp.row_starts).tolist()
+    for m, n in enumerate(lengths):
+        row = out[m].tolist()
+        valid = [x for x in row if x >= 0]
+        assert len(valid) == min(n, 16)
+        assert all(0 <= x < n for x in valid)
+        assert row.count(-1) == 16 - min(n, 16)
+
+
+def test_empty_rows_all_minus_one():
+    inp = make_inputs([100], [20], heads=2, head_dim=32)
+    inp.row_ends[5:9] = inp.row_starts[5:9]
+    out = indexer.prefill_topk(*inp.args(), 8)
+    assert (out[5:9] == -1).all()
+    assert (out[:5] >= 0).all() and (out[9:] >= 0).all()
+
+
+def test_zero_rows_and_zero_keys():
+    inp = make_inputs([5], [0], heads=2, head_dim=32)
+    assert indexer.prefill_topk(*inp.args(), 4).shape == (0, 4)
+    q, _ = indexer.quantize_fp8(torch.randn(3, 2, 32))
+    k, ks = indexer.quantize_fp8(torch.randn(0, 32))
+    z = torch.zeros(3, dtype=torch.int32)
+    out = indexer.prefill_topk(q, k, ks, torch.ones(3, 2), z, z, 4)
+    assert (out == -1).all()
+
+
+@pytest.mark.parametrize("budget_mb", [0.001, 0.05, 1.0, 512.0])
+def test_chunking_does_not_change_result(budget_mb):
+    inp = make_inputs([400, 250], [150, 250], heads=4, head_dim=32, seed=7)
+    whole = indexer.prefill_topk(*inp.args(), 32, max_logits_mb=4096.0)
+    chunked = indexer.prefill_topk(*inp.args(), 32, max_logits_mb=budget_mb)
+    assert torch.equal(whole.sort(1).values, chunked.sort(1).values)
+
+
+def test_ties_resolve_identically_whatever_the_chunking():
+    # constant keys: every logit of a row ties, so only the tie rule decides the set
+    starts, ends, n = causal_bounds([300], [100])
+    q, _ = indexer.quantize_fp8(torch.randn(100, 2, 32))
+    k = torch.ones(n, 32).to(torch.float8_e4m3fn)
+    ks = torch.ones(n)
+    w = torch.ones(100, 2)
+    a = indexer.prefill_topk(q, k, ks, w, starts, ends, 50, max_logits_mb=4096.0)
+    b = indexer.prefill_topk(q, k, ks, w, starts, ends, 50, max_logits_mb=0.001)
+    assert sets_equal(a, b)
+
+
+def test_out_is_filled_and_returned():
+    inp = make_inputs([120], [40], heads=2, head_dim=32)
+    out = torch.full((40, 8), 12345, dtype=torch.int32)
+    res = indexer.prefill_topk(*inp.args(), 8, out=out)
+    assert res is out
+    assert not (out == 12345).any()
+    assert sets_equal(out, indexer.prefill_topk(*inp.args(), 8))
+
+
+def test_e4m3fnuz_inputs():
+    inp = make_inputs([200], [60], heads=4, head_dim=32, fp8_dtype=torch.float8_e4m3fnuz, seed=5)
+    out = indexer.prefill_topk(*inp.args(), 16)
+    assert_matches_naive(out, inp, 16)
+
+
+def test_k_scale_column_vector_accepted():
+    inp = make_inputs([100], [30], heads=2, head_dim=32)
+    a = indexer.prefill_topk(*inp.args(), 8)
+    b = indexer.prefill_topk(inp.q, inp.k, inp.k_scale[:, None], inp.weights, inp.row_starts, inp.row_ends, 8)
+    assert torch.equal(a, b)
+
+
+def test_quantize_fp8_roundtrip():
+    x = torch.randn(7, 3, 64)
+    x8, s = indexer.quantize_fp8(x)
+    assert x8.dtype == torch.float8_e4m3fn and s.shape == (7, 3)
+    err = (x8.float() * s[..., None] - x).abs().max() / x.abs().max()
+    assert err < 0.07
+    with pytest.raises(ValueError, match="dtype"):
+        indexer.quantize_fp8(x, torch.float16)
