@@ -8,8 +8,9 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .api import prefill_topk, quantize_fp8
+from .api import StepInfo, prefill_topk, prefill_topk_with_info, quantize_fp8
 from .backends import BackendUnavailableError
+from .collective import InconsistentRanksError, ReassemblyError
 from .partition import CostModel, RowPlan, plan_rows
 from .platform import current_platform
 
@@ -38,10 +39,14 @@ def available_backends(problem=None, device=None):
 
 __all__ = [
     "BackendUnavailableError",
+    "InconsistentRanksError",
+    "ReassemblyError",
     "CostModel",
     "RowPlan",
     "__version__",
+    "StepInfo",
     "available_backends",
+    "prefill_topk_with_info",
     "current_platform",
     "plan_rows",
     "prefill_topk",

@@ -27,3 +27,18 @@ def test_info_survives_bad_env():
     res = _run("info", env={"INDEXER_REASSEMBLY": "bogus"})
     assert res.returncode == 0, res.stderr
     assert "INVALID" in res.stdout and "warning" in res.stdout
+
+
+def test_demo_two_ranks_exact():
+    res = _run("demo", "--tp", "2", "--rows", "300", "--context", "1200", "--topk", "64", "--repeats", "1")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "EXACT MATCH: 300/300 rows" in res.stdout
+    assert "identical tables: yes" in res.stdout
+    assert "speedup" in res.stdout
+
+
+def test_demo_first_chunk_forced_strategy():
+    res = _run("demo", "--tp", "3", "--layout", "first", "--context", "400", "--topk", "32", "--repeats", "1", "--strategy", "balanced", "--reassembly", "padded")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "plan: balanced, reassembly padded" in res.stdout
+    assert "EXACT MATCH: 400/400 rows" in res.stdout

@@ -1,44 +1,146 @@
-"""``python -m indexer demo``: compute an indexer prefill step and check it against a naive reference."""
+"""``python -m indexer demo``: replicated vs sharded prefill on N ranks, checked exactly.
+
+Spawns ``--tp`` ranks (gloo on CPU by default; NCCL when that many GPUs are present and
+``--device cuda``), runs the replicated computation (every rank computes every row, as TP
+engines do today) and the sharded one on the same synthetic long-context step, checks that
+every rank's sharded table has exactly the replicated top-k set per row, and prints a table.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import time
 
 import torch
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run a synthetic long-context prefill step and check it exactly")
-    p.add_argument("--rows", type=int, default=1024, help="query rows M (default 1024)")
-    p.add_argument("--context", type=int, default=4096, help="keys N of the request (default 4096)")
-    p.add_argument("--heads", type=int, default=8)
+    p = sub.add_parser("demo", help="replicated vs sharded prefill on N spawned ranks, checked exactly")
+    p.add_argument("--tp", type=int, default=2, help="ranks to spawn (default 2)")
+    p.add_argument("--rows", type=int, default=2048, help="query rows M of the step (default 2048)")
+    p.add_argument("--context", type=int, default=8192, help="keys N: the request's context length (default 8192)")
+    p.add_argument("--layout", choices=("late", "first"), default="late",
+                   help="late: the M rows are the last of the context (a late prefill chunk); first: M = N, one whole first chunk")
+    p.add_argument("--heads", type=int, default=4)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--topk", type=int, default=256)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--strategy", default=None, help="auto|contiguous|remainder0|fold|balanced (default: INDEXER_TP_SHARD_STRATEGY)")
+    p.add_argument("--reassembly", default=None, help="auto|allgatherv|ring|padded (default: INDEXER_REASSEMBLY)")
+    p.add_argument("--backend", default=None, help="force a backend (default: automatic dispatch)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: cuda when --tp GPUs are visible, else cpu")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats, median reported (default 3)")
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def _rank_main(rank: int, world: int, cfg: dict) -> dict:
+    import torch.distributed as dist
+
     import indexer
     from indexer.synthetic import make_inputs
 
-    inp = make_inputs([args.context], [args.rows], args.heads, args.head_dim, args.device)
-    t0 = time.perf_counter()
-    out = indexer.prefill_topk(*inp.args(), args.topk)
-    ms = (time.perf_counter() - t0) * 1e3
-    # independent check: dense float64 logits and torch.topk on the valid window
-    q = inp.q.double()
-    kk = inp.k.double()
-    ok = 0
-    for m in range(0, args.rows, max(1, args.rows // 16)):
-        s, e = int(inp.row_starts[m]), int(inp.row_ends[m])
-        logit = (torch.relu(torch.einsum("hd,nd->hn", q[m], kk[s:e])) * inp.weights[m].double()[:, None]).sum(0)
-        logit = logit * inp.k_scale[s:e].double()
-        want = set(torch.topk(logit, min(args.topk, e - s)).indices.tolist())
-        got = set(x for x in out[m].tolist() if x >= 0)
-        ok += want == got
-    checked = len(range(0, args.rows, max(1, args.rows // 16)))
-    print(f"{'rows':>6} {'keys':>7} {'H':>3} {'D':>4} {'topk':>5} {'backend':>8} {'ms':>9} {'rows checked':>13}")
-    print(f"{args.rows:>6} {args.context:>7} {args.heads:>3} {args.head_dim:>4} {args.topk:>5} {'auto':>8} {ms:>9.1f} {f'{ok}/{checked} exact':>13}")
-    return 0 if ok == checked else 1
+    device = torch.device(f"cuda:{rank}") if cfg["device"] == "cuda" else torch.device("cpu")
+    if device.type == "cpu":
+        # the ranks share this machine's cores, as TP ranks share nothing else
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    m, n = cfg["rows"], cfg["context"]
+    inp = make_inputs([n], [m], cfg["heads"], cfg["head_dim"], device, seed=1234)
+    kw = dict(backend=cfg["backend"], strategy=cfg["strategy"], reassembly=cfg["reassembly"], min_rows_per_rank=0)
+    group = dist.group.WORLD
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dist.barrier()
+
+    def timed(fn):
+        sync()
+        t0 = time.perf_counter()
+        res = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return res, (time.perf_counter() - t0) * 1e3
+
+    replicated_ms, sharded_ms, compute_ms, exchange_ms = [], [], [], []
+    for i in range(cfg["repeats"] + 1):  # first round is warm-up
+        ref, t_rep = timed(lambda: indexer.prefill_topk(*inp.args(), cfg["topk"], backend=cfg["backend"]))
+        (res, info), t_sh = timed(
+            lambda: indexer.prefill_topk_with_info(*inp.args(), cfg["topk"], group=group, timing=True, **kw)
+        )
+        if i:
+            replicated_ms.append(t_rep)
+            sharded_ms.append(t_sh)
+            compute_ms.append(info.compute_ms)
+            exchange_ms.append(info.exchange_ms or 0.0)
+    exact = (res.sort(dim=1).values == ref.sort(dim=1).values).all(dim=1)
+    plan = info.plan
+    return {
+        "backend": info.backend,
+        "device": str(device),
+        "collective": dist.get_backend(group),
+        "sharded": info.sharded,
+        "reason": info.reason,
+        "strategy": plan.strategy if plan else None,
+        "reassembly": info.reassembly,
+        "imbalance": plan.imbalance if plan else 1.0,
+        "rows": plan.rows_per_rank[rank] if plan else m,
+        "cost": plan.cost_per_rank[rank] if plan else None,
+        "replicated_ms": statistics.median(replicated_ms),
+        "sharded_ms": statistics.median(sharded_ms),
+        "compute_ms": statistics.median(compute_ms),
+        "exchange_ms": statistics.median(exchange_ms),
+        "exact_rows": int(exact.sum()),
+        "result": res.cpu(),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from indexer.launch import run_ranks
+
+    if args.tp < 1:
+        raise SystemExit("--tp must be >= 1")
+    if args.layout == "first":
+        args.rows = args.context
+    if not 1 <= args.rows <= args.context:
+        raise SystemExit("--rows must be in [1, --context]")
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= args.tp else "cpu"
+    if device == "cuda" and torch.cuda.device_count() < args.tp:
+        raise SystemExit(f"--device cuda needs {args.tp} GPUs, {torch.cuda.device_count()} visible")
+    cfg = {k: getattr(args, k) for k in ("rows", "context", "heads", "head_dim", "topk", "strategy", "reassembly", "backend", "repeats")}
+    cfg["device"] = device
+    results = run_ranks(_rank_main, args.tp, cfg, backend="nccl" if device == "cuda" else "gloo", timeout=3600)
+
+    r0 = results[0]
+    identical = all(torch.equal(r["result"], r0["result"]) for r in results)
+    exact = all(r["exact_rows"] == args.rows for r in results)
+    print(
+        f"indexer demo: tp={args.tp} ({r0['collective']}, {device}), backend {r0['backend']}, "
+        f"M={args.rows} rows ({args.layout} chunk), N={args.context} keys, H={args.heads} D={args.head_dim} topk={args.topk}"
+    )
+    if r0["sharded"]:
+        print(f"plan: {r0['strategy']}, reassembly {r0['reassembly']}, imbalance {r0['imbalance']:.3f}")
+    else:
+        print(f"not sharded: {r0['reason']}")
+    print(f"{'rank':>4} {'rows':>7} {'cost':>12} {'compute ms':>11} {'reassembly ms':>14} {'total ms':>9} {'replicated ms':>14}")
+    for rank, r in enumerate(results):
+        cost = "-" if r["cost"] is None else str(r["cost"])
+        print(
+            f"{rank:>4} {r['rows']:>7} {cost:>12} {r['compute_ms']:>11.2f} {r['exchange_ms']:>14.2f} "
+            f"{r['sharded_ms']:>9.2f} {r['replicated_ms']:>14.2f}"
+        )
+    rep = max(r["replicated_ms"] for r in results)
+    sh = max(r["sharded_ms"] for r in results)
+    print(
+        f"replicated {rep:.2f} ms, sharded {sh:.2f} ms, speedup {rep / sh:.2f}x "
+        f"(slowest rank, median of {args.repeats})"
+    )
+    verdict = "EXACT MATCH" if exact and identical else "MISMATCH"
+    print(
+        f"{verdict}: {min(r['exact_rows'] for r in results)}/{args.rows} rows equal the replicated top-k set on every rank; "
+        f"ranks hold identical tables: {'yes' if identical else 'NO'}"
+    )
+    return 0 if exact and identical else 1

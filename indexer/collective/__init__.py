@@ -1,0 +1,22 @@
+"""Reassembly of per-rank top-k slices, chosen by probing the process group."""
+
+from .guard import InconsistentRanksError, check_consistency, fingerprint
+from .probe import GroupCaps, backend_name, clear_cache, probe_group
+from .reassemble import MODES, RING_STRATEGIES, ReassemblyError, choose_mode, mode_reasons, reassemble, supported_modes
+
+__all__ = [
+    "GroupCaps",
+    "InconsistentRanksError",
+    "MODES",
+    "RING_STRATEGIES",
+    "ReassemblyError",
+    "backend_name",
+    "check_consistency",
+    "choose_mode",
+    "clear_cache",
+    "fingerprint",
+    "mode_reasons",
+    "probe_group",
+    "reassemble",
+    "supported_modes",
+]

@@ -1,0 +1,166 @@
+"""Sharded prefill over real gloo process groups (multi-process, no mocks)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import indexer
+from indexer.launch import RankFailed, run_ranks
+from indexer.synthetic import make_inputs
+
+STRATEGIES = ("contiguous", "remainder0", "fold", "balanced", "auto")
+MODES = ("ring", "padded", "auto")
+TOPK = 8
+
+
+def _row_counts(tp):
+    return sorted({0, 1, tp - 1, tp, 7 * tp + 3, 203})
+
+
+def _inputs(m, seed):
+    # a varlen batch: a long late chunk and a short whole request, so rows have
+    # non-zero starts and windows both shorter and longer than topk
+    first = (2 * m) // 3
+    return make_inputs([first + 150, m - first], [first, m - first], heads=2, head_dim=32, seed=seed)
+
+
+def _matrix_rank(rank, world):
+    import torch.distributed as dist
+
+    results = {}
+    for m in _row_counts(world):
+        inp = _inputs(m, seed=m)
+        for strategy in STRATEGIES:
+            for mode in MODES:
+                if mode == "ring" and strategy not in ("remainder0", "fold", "auto"):
+                    continue
+                out = torch.full((m, TOPK), 2**30, dtype=torch.int32)  # poison
+                res, info = indexer.prefill_topk_with_info(
+                    *inp.args(), TOPK, group=dist.group.WORLD, out=out, strategy=strategy,
+                    reassembly=mode, min_rows_per_rank=0,
+                )
+                assert res is out
+                results[(m, strategy, mode)] = (out.clone(), info.sharded, info.plan.strategy if info.plan else None, info.reassembly)
+    return results
+
+
+@pytest.mark.parametrize("tp", [2, 3, 4])
+def test_sharded_equals_replicated(tp):
+    per_rank = run_ranks(_matrix_rank, tp, timeout=900)
+    checked = 0
+    for key, (out0, sharded, plan_strategy, mode) in per_rank[0].items():
+        m, strategy, req_mode = key
+        assert sharded or m == 0, f"{key} did not shard"
+        if m and req_mode != "auto":
+            assert mode == req_mode, key
+        if m and req_mode == "auto":
+            # gloo cannot do variable-size all_gather: auto is ring for ring plans, else padded
+            assert mode == ("ring" if plan_strategy in ("remainder0", "fold") else "padded"), key
+        if m and strategy != "auto":
+            assert plan_strategy == strategy
+        for r in range(1, tp):
+            assert torch.equal(per_rank[r][key][0], out0), f"rank {r} differs from rank 0 for {key}"
+        assert not (out0 == 2**30).any(), f"poisoned entries left for {key}"
+        inp = _inputs(m, seed=m)
+        want = indexer.prefill_topk(*inp.args(), TOPK)
+        assert torch.equal(out0.sort(1).values, want.sort(1).values), f"sharded != replicated for {key}"
+        checked += 1
+    assert checked >= 6 * 9
+
+
+def _gate_rank(rank, world, min_rows):
+    import torch.distributed as dist
+
+    inp = _inputs(40, seed=3)
+    res, info = indexer.prefill_topk_with_info(*inp.args(), TOPK, group=dist.group.WORLD, min_rows_per_rank=min_rows)
+    off, info_off = indexer.prefill_topk_with_info(*inp.args(), TOPK, group=dist.group.WORLD, min_rows_per_rank=0, tp_shard=False)
+    return res, info.sharded, info.reason, info_off.sharded
+
+
+def test_gate():
+    below = run_ranks(_gate_rank, 2, 21)  # 40 rows < 21 x 2
+    at = run_ranks(_gate_rank, 2, 20)  # 40 rows >= 20 x 2
+    inp = _inputs(40, seed=3)
+    want = indexer.prefill_topk(*inp.args(), TOPK).sort(1).values
+    for res, sharded, reason, sharded_off in below:
+        assert not sharded and "min_rows_per_rank" in reason
+        assert torch.equal(res.sort(1).values, want)
+        assert not sharded_off
+    for res, sharded, reason, _ in at:
+        assert sharded
+        assert torch.equal(res.sort(1).values, want)
+
+
+def _allgatherv_on_gloo(rank, world):
+    import torch.distributed as dist
+
+    inp = _inputs(50, seed=1)
+    out = torch.full((50, TOPK), 99, dtype=torch.int32)
+    try:
+        indexer.prefill_topk(*inp.args(), TOPK, group=dist.group.WORLD, out=out, reassembly="allgatherv", min_rows_per_rank=0)
+    except indexer.ReassemblyError as exc:
+        return str(exc), bool((out == 99).all())
+    return None, False
+
+
+def test_allgatherv_forced_on_gloo_is_a_clear_error():
+    for msg, untouched in run_ranks(_allgatherv_on_gloo, 2):
+        assert msg is not None and "allgatherv" in msg and "gloo" in msg
+        assert untouched
+
+
+def _ring_forced_on_balanced(rank, world):
+    import torch.distributed as dist
+
+    inp = _inputs(50, seed=1)
+    try:
+        indexer.prefill_topk(*inp.args(), TOPK, group=dist.group.WORLD, strategy="balanced", reassembly="ring", min_rows_per_rank=0)
+    except indexer.ReassemblyError as exc:
+        return str(exc)
+    return None
+
+
+def test_ring_refuses_plans_it_cannot_exchange():
+    for msg in run_ranks(_ring_forced_on_balanced, 2):
+        assert msg is not None and "ring" in msg and "balanced" in msg
+
+
+def _disagree_rank(rank, world, how):
+    import os
+
+    import torch.distributed as dist
+
+    os.environ["INDEXER_CHECK_CONSISTENCY"] = "1"
+    m = 60 if (how != "rows" or rank == 0) else 64
+    inp = _inputs(m, seed=2)
+    if how == "bounds" and rank == world - 1:
+        inp.row_ends[5] -= 1
+    try:
+        indexer.prefill_topk(*inp.args(), TOPK, group=dist.group.WORLD, min_rows_per_rank=0)
+    except indexer.InconsistentRanksError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize("how", ["rows", "bounds"])
+def test_consistency_guard_raises_on_every_rank(how):
+    t0 = time.monotonic()
+    msgs = run_ranks(_disagree_rank, 3, how, timeout=120)
+    assert time.monotonic() - t0 < 120
+    for msg in msgs:
+        assert msg is not None, "a rank returned instead of raising"
+        assert ("ranks [1, 2]" if how == "rows" else "ranks [2]") in msg
+
+
+def _fails(rank, world):
+    if rank == 1:
+        raise RuntimeError("boom")
+    return rank
+
+
+def test_launcher_reports_rank_failures():
+    with pytest.raises(RankFailed, match="boom"):
+        run_ranks(_fails, 2, timeout=60)
