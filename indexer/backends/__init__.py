@@ -29,7 +29,12 @@ __all__ = [
     "select_backend",
 ]
 
-_MODULES: dict[str, str] = {"torch": "indexer.backends.torch_ref"}
+_MODULES: dict[str, str] = {
+    "deepgemm": "indexer.backends.cuda",
+    "aiter": "indexer.backends.rocm",
+    "triton": "indexer.backends.triton",
+    "torch": "indexer.backends.torch_ref",
+}
 _INSTANCES: dict[str, Backend] = {}
 
 

@@ -32,6 +32,8 @@ class Backend(abc.ABC):
 
     name: ClassVar[str]
     cost_model: ClassVar[CostModel] = CostModel()
+    uses_workspace: ClassVar[bool] = True
+    """Whether :meth:`logits` writes into the shared workspace (else it gets ``None``)."""
 
     @abc.abstractmethod
     def not_supported_reasons(self, problem: Problem | None) -> list[str]:
@@ -42,16 +44,21 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def logits(self, problem: Problem, rows: tuple[int, int], cols: tuple[int, int], out: torch.Tensor) -> None:
-        """Write the logits of rows ``[a, b)`` over key columns ``[lo, hi)``.
+    def logits(self, problem: Problem, rows: tuple[int, int], cols: tuple[int, int], workspace: torch.Tensor) -> torch.Tensor:
+        """The logits of rows ``[a, b)`` over key columns ``[lo, hi)``.
 
         Args:
             problem: The validated step.
             rows: Global row range ``(a, b)``.
             cols: Key range ``(lo, hi)``; covers every row's window in the chunk.
-            out: float32 ``[b - a, hi - lo]`` (row-major, may be a workspace view); entry
-                ``[i, j]`` gets the logit of row ``a + i`` and key ``lo + j``, ``-inf``
-                outside the row's window.
+            workspace: float32 ``[b - a, hi - lo]`` contiguous view of the reused
+                workspace, for backends that can write into a given buffer.
+
+        Returns:
+            float32 ``[b - a, hi - lo]`` (column stride 1, any row stride): entry ``[i, j]``
+            is the logit of row ``a + i`` and key ``lo + j``, ``-inf`` outside the row's
+            window. Usually ``workspace``; a vendor kernel that allocates its own output
+            returns that.
         """
 
     @abc.abstractmethod
@@ -130,8 +137,9 @@ def run_rows(
             if hi <= lo:  # every row in the chunk is empty
                 dst.fill_(-1)
             else:
-                block = logits_workspace(problem.device, (end - start) * (hi - lo)).view(end - start, hi - lo)
-                backend.logits(problem, (start, end), (lo, hi), block)
+                ws = logits_workspace(problem.device, (end - start) * (hi - lo)) if backend.uses_workspace else None
+                ws = ws.view(end - start, hi - lo) if ws is not None else None
+                block = backend.logits(problem, (start, end), (lo, hi), ws)
                 backend.topk(problem, block, (start, end), lo, dst)
             start = end
         row += b - a

@@ -11,6 +11,16 @@ from __future__ import annotations
 
 import torch
 
+from ..problem import Problem
+
+
+def torch_topk(problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
+    """:meth:`Backend.topk` with torch.topk, shared by every backend without a faster one."""
+    a, b = rows
+    starts = problem.row_starts[a:b].to(torch.int64)
+    lengths = problem.row_ends[a:b].to(torch.int64) - starts
+    row_topk(logits, starts - lo, lengths, problem.topk, out)
+
 
 def row_topk(logits: torch.Tensor, starts_rel: torch.Tensor, lengths: torch.Tensor, topk: int, out: torch.Tensor) -> None:
     """Top-k keys of every row of a logits block, as row-relative indices.

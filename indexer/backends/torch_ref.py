@@ -14,7 +14,7 @@ import torch
 from ..partition import CostModel
 from ..problem import Problem
 from .base import Backend
-from .topk_torch import row_topk
+from .topk_torch import torch_topk
 
 _COL_BLOCK = 1024
 """Key columns per inner step; bounds the float64 temporaries to ``R x 1024`` (cache-sized: larger blocks ran slower on CPU)."""
@@ -37,7 +37,8 @@ class TorchBackend(Backend):
         per_row = 6 * width + 16 * cb + 12 * problem.topk
         return rows * per_row + cb * problem.head_dim * 8
 
-    def logits(self, problem: Problem, rows: tuple[int, int], cols: tuple[int, int], out: torch.Tensor) -> None:
+    def logits(self, problem: Problem, rows: tuple[int, int], cols: tuple[int, int], workspace: torch.Tensor) -> torch.Tensor:
+        out = workspace
         a, b = rows
         lo, hi = cols
         q = problem.q[a:b].to(torch.float64)
@@ -55,12 +56,10 @@ class TorchBackend(Backend):
         starts = problem.row_starts[a:b, None]
         ends = problem.row_ends[a:b, None]
         out.masked_fill_((col[None, :] < starts) | (col[None, :] >= ends), float("-inf"))
+        return out
 
     def topk(self, problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
-        a, b = rows
-        starts = problem.row_starts[a:b].to(torch.int64)
-        lengths = problem.row_ends[a:b].to(torch.int64) - starts
-        row_topk(logits, starts - lo, lengths, problem.topk, out)
+        torch_topk(problem, logits, rows, lo, out)
 
 
 BACKEND = TorchBackend()

@@ -1,4 +1,4 @@
-"""Command line: ``python -m indexer info|demo``."""
+"""Command line: ``python -m indexer info|demo|bench``."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m indexer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    from . import demo, info
+    from . import bench, demo, info
 
     info.add_parser(sub)
     demo.add_parser(sub)
+    bench.add_parser(sub)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

@@ -1,0 +1,111 @@
+"""DeepGEMM backend (NVIDIA sm90 / sm100): ``deep_gemm.fp8_mqa_logits`` + torch top-k.
+
+Facts this wrapper relies on (DeepGEMM 2.x, measured on an H200): q must be a contiguous
+fp8 e4m3fn ``[M, H, D]`` with H in {32, 64} on sm90 (8..64 on sm100) and D in {32, 64, 128};
+weights float32 and contiguous (the sm90 kernel assumes a row stride of H); ks/ke int32
+contiguous on the GPU; the output is a non-contiguous ``[M, N]`` view (row stride padded to
+``N + 256`` rounded up), ``-inf`` outside ``[ks, ke)`` with ``clean_logits=True``. The first
+call of each (H, D) variant JIT-compiles with nvcc (cached in ``DG_JIT_CACHE_DIR``).
+
+``deep_gemm`` is imported on first use, never at ``import indexer``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ...partition import CostModel
+from ...platform import current_platform, platform_for_device
+from ...problem import Problem
+from ..base import Backend
+from ..topk_torch import torch_topk
+
+_ARCH_HEADS = {"sm90": (32, 64), "sm100": (8, 16, 32, 64), "sm103": (8, 16, 32, 64)}
+_HEAD_DIMS = (32, 64, 128)
+_INSTALL_HINT = "install DeepGEMM built for your torch (README: 'Vendor backends')"
+
+
+@functools.lru_cache(maxsize=1)
+def _load() -> tuple[object | None, str]:
+    """``(logits function, "")`` or ``(None, why not)``; imports deep_gemm once."""
+    try:
+        import deep_gemm
+    except Exception as exc:  # noqa: BLE001 - any import failure is a reason, not a crash
+        kind = "not installed" if isinstance(exc, ModuleNotFoundError) else f"import failed ({type(exc).__name__}: {exc})"
+        return None, f"deep_gemm {kind}; {_INSTALL_HINT}"
+    if hasattr(deep_gemm, "fp8_fp4_mqa_logits"):
+        fn = deep_gemm.fp8_fp4_mqa_logits
+
+        def logits(q, kv, weights, ks, ke):
+            return fn((q, None), kv, weights, ks, ke, clean_logits=True)
+
+        return logits, ""
+    if hasattr(deep_gemm, "fp8_mqa_logits"):
+        fn = deep_gemm.fp8_mqa_logits
+
+        def logits(q, kv, weights, ks, ke):
+            return fn(q, kv, weights, ks, ke, clean_logits=True)
+
+        return logits, ""
+    return None, f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has neither fp8_mqa_logits nor fp8_fp4_mqa_logits"
+
+
+def _align(x: torch.Tensor, to: int) -> torch.Tensor:
+    return (x + to - 1) // to * to
+
+
+class DeepGemmBackend(Backend):
+    name = "deepgemm"
+    # torch.topk over DeepGEMM's full-width rows reads the whole width whatever the row's
+    # history (measured on 2x H200: keys-only costing mis-split short first chunks)
+    cost_model = CostModel(per_key=1, per_width=1, per_row=256)
+    uses_workspace = False  # DeepGEMM allocates its own (padded) output
+
+    def not_supported_reasons(self, problem: Problem | None) -> list[str]:
+        reasons = []
+        fn, why = _load()
+        if fn is None:
+            reasons.append(why)
+        if problem is None:
+            plat = current_platform()
+        elif problem.device.type != "cuda":
+            return reasons + [f"needs an NVIDIA GPU, tensors are on {problem.device.type}"]
+        else:
+            plat = platform_for_device(problem.device)
+        if not plat.is_cuda():
+            return reasons + [f"needs an NVIDIA GPU (sm90/sm100), platform is {plat.vendor} {plat.arch}"]
+        heads = _ARCH_HEADS.get(plat.arch)
+        if heads is None and plat.arch != "unknown":
+            reasons.append(f"needs sm90 or sm100, this GPU is {plat.arch}")
+        if problem is None:
+            return reasons
+        if problem.fp8_dtype != torch.float8_e4m3fn:
+            reasons.append(f"needs float8_e4m3fn q/k, got {problem.fp8_dtype}")
+        if heads is not None and problem.num_heads not in heads:
+            reasons.append(f"H={problem.num_heads} heads unsupported on {plat.arch} (supported: {heads})")
+        if problem.head_dim not in _HEAD_DIMS:
+            reasons.append(f"head dim D={problem.head_dim} not in {_HEAD_DIMS}")
+        return reasons
+
+    def chunk_bytes(self, rows: torch.Tensor, width: torch.Tensor, problem: Problem) -> torch.Tensor:
+        # DeepGEMM's padded float32 rows, the top-k's compare mask and value/index outputs
+        return rows * (_align(width + 256, 256) * 4 + width + 12 * problem.topk)
+
+    def logits(self, problem: Problem, rows: tuple[int, int], cols: tuple[int, int], workspace: torch.Tensor | None) -> torch.Tensor:
+        fn, why = _load()
+        if fn is None:
+            raise RuntimeError(why)
+        a, b = rows
+        lo, hi = cols
+        ks = (problem.row_starts[a:b] - lo).to(torch.int32).contiguous()
+        ke = (problem.row_ends[a:b] - lo).to(torch.int32).contiguous()
+        kv = (problem.k[lo:hi].contiguous(), problem.k_scale[lo:hi].contiguous())
+        return fn(problem.q[a:b].contiguous(), kv, problem.weights[a:b].contiguous(), ks, ke)
+
+    def topk(self, problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
+        torch_topk(problem, logits, rows, lo, out)
+
+
+BACKEND = DeepGemmBackend()

@@ -1,0 +1,68 @@
+"""Portable Triton backend: our own row-blocked fp8 logits kernel, torch top-k.
+
+Runs wherever Triton compiles fp8 ``tl.dot``: NVIDIA sm89+ (Ada, Hopper, Blackwell) and AMD
+CDNA3+ (gfx942, gfx950). On a CPU tensor it runs only under Triton's interpreter
+(``TRITON_INTERPRET=1``), which the tests use; automatic dispatch never picks it there.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ...partition import CostModel
+from ...platform import platform_for_device
+from ...problem import Problem
+from ..base import Backend
+from ..topk_torch import torch_topk
+
+_HEAD_DIMS = (32, 64, 128)
+_AMD_FP8_ARCHS = ("gfx942", "gfx950")
+
+
+def _kmod():
+    from . import _kernels as k  # imports triton lazily, never raises
+
+    return k
+
+
+class TritonBackend(Backend):
+    name = "triton"
+    cost_model = CostModel(per_key=1, per_width=1, per_row=256)
+
+    def not_supported_reasons(self, problem: Problem | None) -> list[str]:
+        ok, why = _kmod().is_available()
+        reasons = [] if ok else [why]
+        if problem is None:
+            return reasons
+        device = problem.device
+        if device.type == "cpu":
+            if os.environ.get("TRITON_INTERPRET") != "1":
+                reasons.append("CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before importing triton)")
+        elif device.type == "cuda":
+            plat = platform_for_device(device)
+            if plat.is_rocm() and plat.arch not in _AMD_FP8_ARCHS:
+                reasons.append(f"fp8 tl.dot needs gfx942/gfx950, this GPU is {plat.arch}")
+            if plat.is_cuda() and plat.arch[2:].isdigit() and int(plat.arch[2:]) < 89:
+                reasons.append(f"fp8 tl.dot needs sm89 or newer, this GPU is {plat.arch}")
+        else:
+            reasons.append(f"unsupported device type {device.type!r}")
+        if problem.head_dim not in _HEAD_DIMS:
+            reasons.append(f"head dim D={problem.head_dim} not in {_HEAD_DIMS}")
+        return reasons
+
+    def logits(self, problem: Problem, rows: tuple[int, int], cols: tuple[int, int], workspace: torch.Tensor) -> torch.Tensor:
+        a, b = rows
+        lo, hi = cols
+        starts = (problem.row_starts[a:b] - lo).to(torch.int32)
+        ends = (problem.row_ends[a:b] - lo).to(torch.int32)
+        return _kmod().mqa_logits(
+            problem.q[a:b], problem.k[lo:hi], problem.k_scale[lo:hi], problem.weights[a:b], starts, ends, out=workspace
+        )
+
+    def topk(self, problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
+        torch_topk(problem, logits, rows, lo, out)
+
+
+BACKEND = TritonBackend()

@@ -1,0 +1,213 @@
+"""Triton kernel for the "lightning indexer" logits of sparse-attention LLMs.
+
+    logits[m, n] = sum_h weights[m, h] * relu(q[m, h, :] . k[n, :]) * k_scale[n]
+                   for row_starts[m] <= n < row_ends[m], -inf otherwise.
+
+q / k are fp8 (``float8_e4m3fn``, or ``float8_e4m3fnuz`` on AMD); the dot is
+fp8 x fp8 -> fp32.  Triton is imported lazily: importing this module never
+fails when Triton is missing; use :func:`is_available` to check.
+
+Design: 2-D grid ``(cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))``.  Program
+``(pid_m, pid_n)`` owns ``BLOCK_M`` query rows and one ``BLOCK_N`` key tile.
+It computes the union ``[lo, hi)`` of the (non-empty) windows of its rows; if
+its key tile misses the union it only writes ``-inf``.  Otherwise it loads
+the K tile once, loops over the heads (runtime ``H``, any value) doing
+``tl.dot(q[:, h, :] [BLOCK_M, D], k_tile^T [D, BLOCK_N])`` with fp32
+accumulation, applies relu and ``weights[:, h]``, sums over heads, multiplies
+by ``k_scale``, masks each row to its own window with ``-inf`` and stores.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+try:  # lazy / optional import
+    import triton
+    import triton.language as tl
+
+    _TRITON_IMPORT_ERROR: Optional[str] = None
+except Exception as exc:  # pragma: no cover - depends on environment
+    triton = None
+    tl = None
+    _TRITON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+
+__all__ = ["is_available", "mqa_logits"]
+
+_FP8_DTYPES = tuple(
+    getattr(torch, name)
+    for name in ("float8_e4m3fn", "float8_e4m3fnuz")
+    if hasattr(torch, name)
+)
+
+
+def is_available() -> Tuple[bool, str]:
+    """Return ``(ok, reason)`` telling whether Triton can be imported."""
+    if triton is None:
+        return False, f"triton not importable ({_TRITON_IMPORT_ERROR})"
+    return True, f"triton {getattr(triton, '__version__', '?')}"
+
+
+if triton is not None:
+
+    @triton.jit
+    def _mqa_logits_kernel(
+        q_ptr, k_ptr, k_scale_ptr, w_ptr, starts_ptr, ends_ptr, out_ptr,
+        M, N, H,
+        stride_qm, stride_qh,
+        stride_kn,
+        stride_wm,
+        stride_om,
+        D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, D)
+        m_mask = offs_m < M
+        n_mask = offs_n < N
+
+        starts = tl.load(starts_ptr + offs_m, mask=m_mask, other=0)
+        ends = tl.load(ends_ptr + offs_m, mask=m_mask, other=0)
+        # Union of the non-empty windows of this row block.
+        nonempty = m_mask & (starts < ends)
+        lo = tl.min(tl.where(nonempty, starts, N), axis=0)
+        hi = tl.max(tl.where(nonempty, ends, 0), axis=0)
+
+        offs_m64 = offs_m.to(tl.int64)
+        out_ptrs = out_ptr + offs_m64[:, None] * stride_om + offs_n[None, :]
+        store_mask = m_mask[:, None] & n_mask[None, :]
+        tile_lo = pid_n * BLOCK_N
+
+        if (tile_lo >= hi) | (tile_lo + BLOCK_N <= lo):
+            # Key tile outside every window of this block: just fill -inf.
+            neg = tl.full((BLOCK_M, BLOCK_N), float("-inf"), tl.float32)
+            tl.store(out_ptrs, neg, mask=store_mask)
+        else:
+            # K tile [BLOCK_N, D], loaded once and reused by all heads.
+            k_ptrs = (k_ptr + offs_n.to(tl.int64)[:, None] * stride_kn
+                      + offs_d[None, :])
+            k_tile = tl.load(k_ptrs, mask=n_mask[:, None], other=0.0)
+            k_t = tl.trans(k_tile)  # [D, BLOCK_N]
+
+            q_ptrs = (q_ptr + offs_m64[:, None] * stride_qm
+                      + offs_d[None, :])
+            w_ptrs = w_ptr + offs_m64 * stride_wm
+
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for h in range(H):
+                q_h = tl.load(q_ptrs + h * stride_qh, mask=m_mask[:, None],
+                              other=0.0)
+                w_h = tl.load(w_ptrs + h, mask=m_mask, other=0.0)
+                s = tl.dot(q_h, k_t, out_dtype=tl.float32)
+                s = tl.maximum(s, 0.0)
+                acc += s * w_h[:, None]
+
+            k_scale = tl.load(k_scale_ptr + offs_n, mask=n_mask, other=0.0)
+            acc = acc * k_scale[None, :]
+
+            valid = ((offs_n[None, :] >= starts[:, None])
+                     & (offs_n[None, :] < ends[:, None]))
+            acc = tl.where(valid, acc, float("-inf"))
+            tl.store(out_ptrs, acc, mask=store_mask)
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def _pick_config(M: int, N: int, D: int) -> Tuple[int, int, int, int]:
+    """Heuristic (BLOCK_M, BLOCK_N, num_warps, num_stages)."""
+    # tl.dot needs every dim >= 16; Hopper wgmma prefers BLOCK_M >= 64.
+    block_m = min(64, max(16, _next_pow2(M)))
+    block_n = 128 if N > 64 else 64
+    if D >= 128 and block_m >= 64:
+        num_warps = 8
+    else:
+        num_warps = 4
+    return block_m, block_n, num_warps, 2
+
+
+def mqa_logits(q: torch.Tensor,
+               k: torch.Tensor,
+               k_scale: torch.Tensor,
+               weights: torch.Tensor,
+               row_starts: torch.Tensor,
+               row_ends: torch.Tensor,
+               out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Indexer logits ``[M, N]`` (float32, ``-inf`` outside each row window).
+
+    q: fp8 [M, H, D]; k: fp8 [N, D] (same dtype); k_scale: float32 [N];
+    weights: float32 [M, H]; row_starts / row_ends: int32 [M] with
+    ``0 <= start <= end <= N``.  ``out`` may be a float32 [M, N] view whose
+    rows are strided (row stride >= N) but whose columns are contiguous.
+    """
+    ok, why = is_available()
+    if not ok:
+        raise RuntimeError(why)
+    if q.dim() != 3 or k.dim() != 2:
+        raise ValueError(f"expected q [M,H,D] and k [N,D], got {tuple(q.shape)} "
+                         f"and {tuple(k.shape)}")
+    M, H, D = q.shape
+    N = k.shape[0]
+    if k.shape[1] != D:
+        raise ValueError(f"head dim mismatch: q D={D}, k D={k.shape[1]}")
+    if q.dtype != k.dtype or q.dtype not in _FP8_DTYPES:
+        raise TypeError(f"q/k must share an fp8 e4m3 dtype, got {q.dtype}/{k.dtype}")
+    if D not in (32, 64, 128):
+        raise ValueError(f"D must be 32, 64 or 128, got {D}")
+    if tuple(weights.shape) != (M, H):
+        raise ValueError(f"weights must be [M, H]={M, H}, got {tuple(weights.shape)}")
+    if tuple(k_scale.shape) != (N,):
+        raise ValueError(f"k_scale must be [N]={N}, got {tuple(k_scale.shape)}")
+    if tuple(row_starts.shape) != (M,) or tuple(row_ends.shape) != (M,):
+        raise ValueError("row_starts / row_ends must be [M]")
+
+    if out is None:
+        out = torch.empty((M, N), dtype=torch.float32, device=q.device)
+    else:
+        if out.dtype != torch.float32 or tuple(out.shape) != (M, N):
+            raise ValueError(f"out must be float32 [M, N]={M, N}, got "
+                             f"{out.dtype} {tuple(out.shape)}")
+        if N > 0 and M > 0 and (out.stride(1) != 1 or out.stride(0) < N):
+            raise ValueError("out needs column stride 1 and row stride >= N")
+    if M == 0 or N == 0:
+        return out
+
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    if k.stride(1) != 1:
+        k = k.contiguous()
+    weights = weights.to(torch.float32)
+    if weights.stride(1) != 1:
+        weights = weights.contiguous()
+    k_scale = k_scale.to(torch.float32).contiguous()
+    row_starts = row_starts.to(torch.int32).contiguous()
+    row_ends = row_ends.to(torch.int32).contiguous()
+
+    block_m, block_n, num_warps, num_stages = _pick_config(M, N, D)
+    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
+
+    def _launch():
+        _mqa_logits_kernel[grid](
+            q, k, k_scale, weights, row_starts, row_ends, out,
+            M, N, H,
+            q.stride(0), q.stride(1),
+            k.stride(0),
+            weights.stride(0),
+            out.stride(0),
+            D=D, BLOCK_M=block_m, BLOCK_N=block_n,
+            num_warps=num_warps, num_stages=num_stages,
+        )
+
+    if q.is_cuda:
+        with torch.cuda.device(q.device):
+            _launch()
+    else:
+        _launch()
+    return out

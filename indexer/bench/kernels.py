@@ -1,0 +1,111 @@
+"""``python -m indexer bench kernels``: each backend's logits and top-k, side by side.
+
+One causal request; the ``--rows`` query rows are the last rows of a ``--context``-key
+history (a late prefill chunk). Every backend runs the same inputs in one process; each
+phase is timed with CUDA events after warm-up (median of repeats). Effective TFLOP/s counts
+``2 * H * D`` per valid (row, key) pair. Correctness is checked against the torch
+reference's top-k sets on a sample of rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from .timing import median_ms, table
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rows", type=int, default=8192)
+    p.add_argument("--context", default="16384,65536,131072", help="comma-separated key counts N")
+    p.add_argument("--heads", type=int, default=64)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--topk", type=int, default=2048)
+    p.add_argument("--backends", default=None, help="comma-separated (default: the platform's priority list)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--json", default=None, help="write the rows as JSON here")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..backends import get_backend
+    from ..platform import platform_for_device
+    from ..problem import validate
+    from ..synthetic import make_inputs
+
+    device = torch.device(args.device)
+    rows = []
+    for n in [int(x) for x in args.context.split(",")]:
+        m = min(args.rows, n)
+        inp = make_inputs([n], [m], args.heads, args.head_dim, device, seed=n)
+        problem = validate(*inp.args(), args.topk)
+        pairs = int((problem.ends_host - problem.starts_host).sum())
+        flops = 2.0 * args.heads * args.head_dim * pairs
+        ref_idx = None
+        names = args.backends.split(",") if args.backends else list(platform_for_device(device).backend_priority)
+        for name in names:
+            backend = get_backend(name)
+            reasons = backend.not_supported_reasons(problem)
+            if reasons:
+                rows.append(dict(N=n, M=m, backend=name, note="; ".join(reasons)[:60]))
+                continue
+            ws = torch.empty(m, n, dtype=torch.float32, device=device) if backend.uses_workspace else None
+            out = torch.empty(m, args.topk, dtype=torch.int32, device=device)
+            reps = args.repeats if name != "torch" else min(args.repeats, 2)
+            logits = backend.logits(problem, (0, m), (0, n), ws)
+            t_logits = median_ms(lambda: backend.logits(problem, (0, m), (0, n), ws), device, warmup=1, repeats=reps)
+            t_topk = median_ms(lambda: backend.topk(problem, logits, (0, m), 0, out), device, warmup=1, repeats=reps)
+            backend.topk(problem, logits, (0, m), 0, out)
+            sample = torch.arange(0, m, max(1, m // 64), device=device)
+            if ref_idx is None:
+                ref_idx, ref_rows = _reference_sample(problem, sample, args.topk)
+            same, valid = _agreement(out[sample], ref_idx, ref_rows, args.topk)
+            rows.append(dict(
+                N=n, M=m, backend=name, logits_ms=t_logits, topk_ms=t_topk, total_ms=t_logits + t_topk,
+                tflops=flops / t_logits / 1e9, exact=same, valid=valid, note="",
+            ))
+            del logits, ws
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    cols = [("N", "keys N", "d"), ("M", "rows M", "d"), ("backend", "backend", "s"), ("logits_ms", "logits ms", ".2f"),
+            ("topk_ms", "topk ms", ".2f"), ("total_ms", "total ms", ".2f"), ("tflops", "logits TFLOP/s", ".0f"),
+            ("exact", "same set", ".0%"), ("valid", "valid top-k", ".0%"), ("note", "note", "s")]
+    print(f"bench kernels: H={args.heads} D={args.head_dim} topk={args.topk} on {device} "
+          f"({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), median of {args.repeats}")
+    print(table(rows, cols))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+def _agreement(got: torch.Tensor, ref_idx: torch.Tensor, ref_rows: list, topk: int, rtol: float = 2e-3) -> tuple[float, float]:
+    """Fraction of sampled rows whose set equals the reference's, and fraction that are a
+    valid top-k: every selected key's reference logit within ``rtol`` (of the row's largest
+    magnitude) of the reference k-th value, so only near-ties differ."""
+    same = (got.sort(1).values == ref_idx).all(1)
+    valid = 0
+    for i, row in enumerate(ref_rows):
+        idx = got[i][got[i] >= 0].long()
+        kth = row.topk(min(topk, row.numel())).values[-1]
+        valid += bool((row[idx] >= kth - rtol * row.abs().max()).all()) and idx.numel() == min(topk, row.numel())
+    return same.float().mean().item(), valid / max(1, len(ref_rows))
+
+
+def _reference_sample(problem, sample, topk):
+    """Top-k sets (sorted) and float64-exact logits of the sampled rows, by the torch reference."""
+    from ..backends import get_backend
+
+    ref = get_backend("torch")
+    out, rows = [], []
+    for m in sample.tolist():
+        lo, hi = int(problem.starts_host[m]), int(problem.ends_host[m])
+        ws = torch.empty(1, max(hi - lo, 1), dtype=torch.float32, device=problem.device)
+        block = ref.logits(problem, (m, m + 1), (lo, max(hi, lo + 1)), ws)
+        res = torch.empty(1, topk, dtype=torch.int32, device=problem.device)
+        ref.topk(problem, block, (m, m + 1), lo, res)
+        out.append(res)
+        rows.append(block[0, : hi - lo].clone())
+    return torch.cat(out).sort(1).values, rows

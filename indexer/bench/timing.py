@@ -1,0 +1,44 @@
+"""Timing helpers: device events after warm-up, median of repeats."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+
+def median_ms(fn: Callable[[], object], device: torch.device, warmup: int = 2, repeats: int = 5) -> float:
+    """Median wall time of ``fn`` in milliseconds.
+
+    CUDA: timed with CUDA events around each call (after ``warmup`` untimed calls). CPU:
+    ``time.perf_counter``.
+    """
+    for _ in range(warmup):
+        fn()
+    times = []
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    else:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """Fixed-width text table; ``columns`` are (key, header, format spec)."""
+    cells = [[h for _, h, _ in columns]]
+    for r in rows:
+        cells.append([("-" if r.get(k) is None else format(r[k], f)) for k, _, f in columns])
+    widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
+    return "\n".join("  ".join(c[i].rjust(widths[i]) for i in range(len(columns))) for c in cells)
