@@ -22,7 +22,8 @@ from .collective import (
     probe_group,
     reassemble,
 )
-from .partition import RowPlan, plan_rows
+from .partition import RowPlan, plan_candidates
+from .partition.calibration import cost_model_for
 from .platform import platform_for_device
 from .problem import validate
 
@@ -42,7 +43,8 @@ class StepInfo:
         reassembly: Exchange mode used (``None`` when not sharded).
         reason: Why the step was or was not sharded.
         compute_ms: Time to compute this rank's rows (only with ``timing=True``).
-        exchange_ms: Time of the reassembly (only with ``timing=True``).
+        wait_ms: Time this rank then waited for the slowest rank (only with ``timing=True``).
+        exchange_ms: Time of the reassembly alone (only with ``timing=True``).
     """
 
     backend: str
@@ -53,6 +55,7 @@ class StepInfo:
     reassembly: str | None = None
     reason: str = ""
     compute_ms: float | None = None
+    wait_ms: float | None = None
     exchange_ms: float | None = None
 
 
@@ -176,7 +179,8 @@ def prefill_topk_with_info(
         info.reason = f"M={m} < min_rows_per_rank {min_rows} x tp {world}: replicated"
     else:
         caps = probe_group(group, problem.device)
-        plan, mode = choose_plan(problem, chosen.cost_model, caps, strategy_req, reassembly_req)
+        model, _ = cost_model_for(chosen, platform.arch)
+        plan, mode = choose_plan(problem, model, caps, strategy_req, reassembly_req)
         info.sharded, info.plan, info.reassembly = True, plan, mode
         info.reason = f"sharded: {plan.describe()}, reassembly {mode}"
     if check and world > 1:
@@ -197,6 +201,9 @@ def prefill_topk_with_info(
     local = torch.empty(plan.rows_per_rank[rank], topk, dtype=torch.int32, device=problem.device)
     run_rows(chosen, problem, plan.rank_rows(rank), local, budget)
     info.compute_ms = clock.lap()
+    if timing:  # so exchange_ms is the exchange alone, not the wait for slower ranks
+        dist.barrier(group=group)
+        info.wait_ms = clock.lap()
     reassemble(local, plan, rank, group, info.reassembly, result)
     info.exchange_ms = clock.lap()
     return result, info
@@ -206,8 +213,9 @@ def choose_plan(problem, cost_model, caps: GroupCaps, strategy: str, reassembly:
     """Resolve ``auto`` strategy / reassembly into a plan and an exchange mode.
 
     ``auto`` strategy takes the plan with the lowest predicted max-rank cost among those
-    the reassembly can exchange (ties: the earlier of balanced, contiguous, remainder0,
-    fold). A forced reassembly that cannot run on the group raises.
+    the reassembly can exchange; plans within 1% of it count as ties, won by the earlier of
+    balanced, contiguous, remainder0, fold. A forced reassembly that cannot run on the
+    group raises.
     """
     if reassembly != "auto":
         reasons = mode_reasons(reassembly, caps, None)
@@ -217,11 +225,13 @@ def choose_plan(problem, cost_model, caps: GroupCaps, strategy: str, reassembly:
         names = _AUTO_ORDER if reassembly != "ring" else tuple(s for s in _AUTO_ORDER if s in RING_STRATEGIES)
     else:
         names = (strategy,)
-    plans = [
-        plan_rows(problem.starts_host, problem.ends_host, caps.world_size, s, cost_model=cost_model, num_keys=problem.num_keys)
-        for s in names
-    ]
-    best = min(plans, key=lambda p: p.max_cost)  # min keeps the first of equals
+    plans = plan_candidates(
+        problem.starts_host, problem.ends_host, caps.world_size, names, cost_model=cost_model, num_keys=problem.num_keys
+    )
+    lowest = min(p.max_cost for p in plans)
+    # within 1% of the lowest, prefer the earlier strategy: single-piece plans exchange
+    # straight into the output, fold's two pieces go through a temporary
+    best = next(p for p in plans if p.max_cost <= lowest * 1.01)
     if len(plans) > 1 and log.isEnabledFor(logging.DEBUG):
         for p in plans:
             log.debug("  candidate %s max-rank cost %d%s", p.describe(), p.max_cost, "  <- chosen" if p is best else "")

@@ -173,6 +173,16 @@ REASSEMBLY = _declare(
         per_platform=True,
     )
 )
+COST_MODEL_FILE = _declare(
+    Flag(
+        "COST_MODEL_FILE",
+        str,
+        "",
+        "JSON file of calibrated per-backend cost models (written by 'python -m indexer "
+        "bench calibrate', read by the planner). Empty: ~/.cache/indexer/cost_model.json.",
+        type_name="path",
+    )
+)
 CHECK_CONSISTENCY = _declare(
     Flag(
         "CHECK_CONSISTENCY",

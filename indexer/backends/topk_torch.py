@@ -41,10 +41,12 @@ def row_topk(logits: torch.Tensor, starts_rel: torch.Tensor, lengths: torch.Tens
     result = torch.where(ar[None, :] < lengths[:, None], ar[None, :], -1)
     long_rows = lengths > topk
     if n > topk and bool(long_rows.any()):
-        vals, idx = torch.topk(logits, topk, dim=1, sorted=False)
-        kth = vals.min(dim=1).values
-        at_or_above = (logits >= kth[:, None]).sum(dim=1)
-        tied = long_rows & (at_or_above > topk)
+        # k+1 sorted values tell whether the k-th value is tied across the cut without
+        # another pass over the block
+        vals, idx = torch.topk(logits, topk + 1, dim=1, sorted=True)
+        kth = vals[:, topk - 1]
+        tied = long_rows & (vals[:, topk] == kth)
+        idx = idx[:, :topk]
         tied_rows = torch.nonzero(tied).flatten()
         if tied_rows.numel():
             idx[tied_rows] = _lowest_index_topk(logits, tied_rows, kth, topk)

@@ -6,10 +6,27 @@ import argparse
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from ..bench import kernels
+    from ..bench import calibrate, kernels, tp
 
-    p = sub.add_parser("bench", help="benchmarks: 'kernels' times each backend's logits and top-k")
-    what = p.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("bench", help="benchmarks: kernels | tp | calibrate (--calibrate is short for 'bench calibrate')")
+    p.add_argument("--calibrate", action="store_true", help="same as 'bench calibrate' with its defaults")
+    what = p.add_subparsers(dest="what")
     k = what.add_parser("kernels", help="each backend's logits and top-k side by side on one device")
     kernels.add_arguments(k)
     k.set_defaults(func=kernels.run)
+    t = what.add_parser("tp", help="replicated vs every strategy on 1..N ranks over a context-length sweep")
+    tp.add_arguments(t)
+    t.set_defaults(func=tp.run)
+    c = what.add_parser("calibrate", help="measure this device's per-row cost coefficients for the planner")
+    calibrate.add_arguments(c)
+    c.set_defaults(func=calibrate.run)
+
+    def dispatch(args: argparse.Namespace) -> int:
+        if args.calibrate and args.what is None:
+            cal = argparse.ArgumentParser()
+            calibrate.add_arguments(cal)
+            return calibrate.run(cal.parse_args([]))
+        p.error("choose one of: kernels, tp, calibrate (or --calibrate)")
+        return 2
+
+    p.set_defaults(func=dispatch)

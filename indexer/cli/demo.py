@@ -42,9 +42,6 @@ def _rank_main(rank: int, world: int, cfg: dict) -> dict:
     from indexer.synthetic import make_inputs
 
     device = torch.device(f"cuda:{rank}") if cfg["device"] == "cuda" else torch.device("cpu")
-    if device.type == "cpu":
-        # the ranks share this machine's cores, as TP ranks share nothing else
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     m, n = cfg["rows"], cfg["context"]
     inp = make_inputs([n], [m], cfg["heads"], cfg["head_dim"], device, seed=1234)
     kw = dict(backend=cfg["backend"], strategy=cfg["strategy"], reassembly=cfg["reassembly"], min_rows_per_rank=0)

@@ -90,11 +90,11 @@ def _as_int64_cpu(x: torch.Tensor | Sequence[int], name: str) -> torch.Tensor:
     return t.detach().to("cpu", torch.int64)
 
 
-def _contiguous(m: int, tp: int, _costs: torch.Tensor) -> list[list[Range]]:
+def _contiguous(m: int, tp: int, _prefix: torch.Tensor) -> list[list[Range]]:
     return [[(r * m // tp, (r + 1) * m // tp)] for r in range(tp)]
 
 
-def _remainder0(m: int, tp: int, _costs: torch.Tensor) -> list[list[Range]]:
+def _remainder0(m: int, tp: int, _prefix: torch.Tensor) -> list[list[Range]]:
     # Every rank floor(M/tp) rows; rank 0 also takes the M mod tp extra rows, which are the
     # earliest (cheapest) ones. Ranks 0..tp-1 then own equal blocks of [rem, M).
     base, rem = divmod(m, tp)
@@ -108,7 +108,7 @@ def fold_split(m: int, tp: int) -> int:
     return (m // 2) // tp * tp
 
 
-def _fold(m: int, tp: int, _costs: torch.Tensor) -> list[list[Range]]:
+def _fold(m: int, tp: int, _prefix: torch.Tensor) -> list[list[Range]]:
     # First half (a multiple of tp) in tp equal groups, second half in tp near-equal
     # groups; rank r pairs first-half group r (cheap, early) with second-half group
     # tp-1-r (expensive, late), so causal cost evens out without a cost model.
@@ -119,30 +119,28 @@ def _fold(m: int, tp: int, _costs: torch.Tensor) -> list[list[Range]]:
     return [[(r * g1, (r + 1) * g1), second[tp - 1 - r]] for r in range(tp)]
 
 
-def _balanced(m: int, tp: int, costs: torch.Tensor) -> list[list[Range]]:
+def _balanced(m: int, tp: int, prefix: torch.Tensor) -> list[list[Range]]:
     # Cut where the prefix sum of cost is nearest to k/tp of the total, in integers:
     # compare prefix*tp with k*total so no rounding differs between ranks or machines.
-    prefix = torch.zeros(m + 1, dtype=torch.int64)
-    if m:
-        torch.cumsum(costs, 0, out=prefix[1:])
     total = int(prefix[-1])
     if total == 0:
-        return _contiguous(m, tp, costs)
+        return _contiguous(m, tp, prefix)
     scaled = prefix * tp
+    targets = torch.arange(1, tp, dtype=torch.int64) * total
+    his = torch.searchsorted(scaled, targets, side="left")
+    los = (his - 1).clamp_min(0)
+    hi_vals, lo_vals = scaled[his].tolist(), scaled[los].tolist()
     cuts = [0]
-    for k in range(1, tp):
-        target = k * total
-        hi = int(torch.searchsorted(scaled, torch.tensor([target]), side="left")[0])
-        lo = hi - 1
+    for k, (hi, target) in enumerate(zip(his.tolist(), targets.tolist())):
         # nearest of the two candidate cuts; ties go to the earlier cut
-        if lo >= 0 and target - int(scaled[lo]) <= int(scaled[hi]) - target:
-            hi = lo
+        if hi > 0 and target - lo_vals[k] <= hi_vals[k] - target:
+            hi -= 1
         cuts.append(max(hi, cuts[-1]))
     cuts.append(m)
     return [[(cuts[r], cuts[r + 1])] for r in range(tp)]
 
 
-_STRATEGY_FUNCS: dict[str, Callable[[int, int, torch.Tensor], list[list[Range]]]] = {
+_STRATEGY_FUNCS: dict[str, Callable[[int, int, torch.Tensor], list[list[Range]]]] = {  # (M, tp, prefix)
     "contiguous": _contiguous,
     "remainder0": _remainder0,
     "fold": _fold,
@@ -176,10 +174,24 @@ def plan_rows(
     Raises:
         ValueError: Unknown strategy, ``world_size < 1`` or mismatched bounds.
     """
+    return plan_candidates(row_starts, row_ends, world_size, (strategy,), cost_model=cost_model, num_keys=num_keys)[0]
+
+
+def plan_candidates(
+    row_starts: torch.Tensor | Sequence[int],
+    row_ends: torch.Tensor | Sequence[int],
+    world_size: int,
+    strategies: Sequence[str],
+    *,
+    cost_model: CostModel | None = None,
+    num_keys: int | None = None,
+) -> list[RowPlan]:
+    """:func:`plan_rows` for several strategies at once, sharing the row costs."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
-    if strategy not in _STRATEGY_FUNCS:
-        raise ValueError(f"strategy must be one of {'|'.join(STRATEGIES)}, got {strategy!r}")
+    for strategy in strategies:
+        if strategy not in _STRATEGY_FUNCS:
+            raise ValueError(f"strategy must be one of {'|'.join(STRATEGIES)}, got {strategy!r}")
     starts = _as_int64_cpu(row_starts, "row_starts")
     ends = _as_int64_cpu(row_ends, "row_ends")
     if starts.shape != ends.shape:
@@ -189,11 +201,14 @@ def plan_rows(
     m = starts.numel()
     model = cost_model or DEFAULT_COST_MODEL
     width = num_keys if num_keys is not None else (int(ends.max()) if m else 0)
-    costs = model.row_costs(starts, ends, width)
-    ranges = _STRATEGY_FUNCS[strategy](m, world_size, costs)
     prefix = torch.zeros(m + 1, dtype=torch.int64)
     if m:
-        torch.cumsum(costs, 0, out=prefix[1:])
-    pieces = tuple(tuple((a, b) for a, b in rank if b > a) for rank in ranges)
-    rank_costs = tuple(sum(int(prefix[b] - prefix[a]) for a, b in rank) for rank in pieces)
-    return RowPlan(strategy, world_size, m, pieces, rank_costs)
+        torch.cumsum(model.row_costs(starts, ends, width), 0, out=prefix[1:])
+    plans = []
+    for strategy in strategies:
+        pieces = tuple(tuple((a, b) for a, b in rank if b > a) for rank in _STRATEGY_FUNCS[strategy](m, world_size, prefix))
+        bounds = torch.tensor([x for rank in pieces for piece in rank for x in piece] or [0], dtype=torch.int64)
+        at = iter(prefix[bounds].tolist())
+        costs = tuple(sum(-next(at) + next(at) for _ in rank) for rank in pieces)
+        plans.append(RowPlan(strategy, world_size, m, pieces, costs))
+    return plans

@@ -97,7 +97,7 @@ def _topk_is_absolute(device: torch.device) -> bool:
 
 class AiterBackend(Backend):
     name = "aiter"
-    cost_model = CostModel(per_key=1, per_width=1, per_row=256)
+    cost_model = CostModel(per_key=1, per_width=0, per_row=3000)
     uses_workspace = False  # AITER allocates its own logits
 
     def not_supported_reasons(self, problem: Problem | None) -> list[str]:

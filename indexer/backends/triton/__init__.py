@@ -29,7 +29,7 @@ def _kmod():
 
 class TritonBackend(Backend):
     name = "triton"
-    cost_model = CostModel(per_key=1, per_width=1, per_row=256)
+    cost_model = CostModel(per_key=1, per_width=0, per_row=3000)
 
     def not_supported_reasons(self, problem: Problem | None) -> list[str]:
         ok, why = _kmod().is_available()

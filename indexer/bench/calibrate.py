@@ -1,0 +1,91 @@
+"""``python -m indexer bench calibrate``: measure a backend's per-row cost coefficients.
+
+Times whole chunks (logits + top-k, as the driver runs them) of R rows that each score L
+keys inside a logits block W columns wide, for a grid of (L, W), and fits
+
+    time / R = a * L + b * W + c
+
+by least squares. In the chunked driver a causal row's block is about as wide as its own
+window, so for the planner a row costs ``(a + b) * keys + c``; it needs only ratios, so the
+stored integer model is ``per_key = 1000, per_width = 0, per_row = round(1000 c / (a + b))``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from .timing import median_ms, table
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default="auto", help="backend to calibrate (default: the one dispatch picks)")
+    p.add_argument("--rows", type=int, default=4096, help="rows R per timed chunk")
+    p.add_argument("--keys", default="512,2048,8192,32768", help="keys per row L")
+    p.add_argument("--heads", type=int, default=64)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--topk", type=int, default=2048)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--dry-run", action="store_true", help="fit and print, do not store")
+
+
+def _problem(rows: int, keys: int, width: int, heads: int, head_dim: int, topk: int, device: torch.device, fp8):
+    from ..api import quantize_fp8
+    from ..problem import validate
+
+    gen = torch.Generator().manual_seed(keys * 7 + width)
+    q, qs = quantize_fp8(torch.randn(rows, heads, head_dim, generator=gen), fp8)
+    k, ks = quantize_fp8(torch.randn(width, head_dim, generator=gen), fp8)
+    w = torch.randn(rows, heads, generator=gen) * qs
+    # the first half of the rows at the start of the block, the second half at its end:
+    # every row scores `keys` keys, the chunk spans `width` columns, and neighbouring rows
+    # (which kernels tile together) share a window, as causal rows do
+    starts = torch.where(torch.arange(rows) < rows // 2, 0, width - keys).to(torch.int32)
+    ends = starts + keys
+    args = [t.to(device) for t in (q, k, ks, w, starts, ends)]
+    return validate(*args, topk)
+
+
+def fit(samples: list[tuple[int, int, float]]):
+    """Least-squares ``ms_per_row = a*L + b*W + c`` over ``(L, W, ms_per_row)`` samples."""
+    a_mat = torch.tensor([[l_, w_, 1.0] for l_, w_, _ in samples], dtype=torch.float64)
+    y = torch.tensor([[t] for _, _, t in samples], dtype=torch.float64)
+    coef = torch.linalg.lstsq(a_mat, y).solution.flatten().tolist()
+    return [max(0.0, c) for c in coef]
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..backends import get_backend, run_rows, select_backend
+    from ..partition import CostModel
+    from ..partition.calibration import save_calibration
+    from ..platform import platform_for_device
+
+    device = torch.device(args.device)
+    platform = platform_for_device(device)
+    rows_out, samples = [], []
+    backend = None
+    for keys in [int(x) for x in args.keys.split(",")]:
+        for width in (keys + 1, 4 * keys):
+            problem = _problem(args.rows, keys, width, args.heads, args.head_dim, args.topk, device, platform.fp8_dtype)
+            if backend is None:
+                backend = select_backend(problem, platform, args.backend) if args.backend != "auto" else select_backend(problem, platform)
+            out = torch.empty(args.rows, args.topk, dtype=torch.int32, device=device)
+            ms = median_ms(lambda: run_rows(backend, problem, [(0, args.rows)], out, 2**40), device, warmup=1, repeats=args.repeats)
+            samples.append((keys, width, ms / args.rows))
+            rows_out.append(dict(L=keys, W=width, ms=ms, us_row=1e3 * ms / args.rows))
+    a, b, c = fit(samples)
+    for r in rows_out:
+        r["fit_us_row"] = 1e3 * (a * r["L"] + b * r["W"] + c)
+    print(f"calibrating {backend.name} on {platform.describe()}: R={args.rows} rows per chunk, H={args.heads} D={args.head_dim} topk={args.topk}")
+    print(table(rows_out, [("L", "keys L", "d"), ("W", "width W", "d"), ("ms", "chunk ms", ".3f"), ("us_row", "us/row", ".3f"), ("fit_us_row", "fit us/row", ".3f")]))
+    if a + b <= 0:
+        print("fit failed: no positive per-key cost; nothing stored")
+        return 1
+    model = CostModel(per_key=1000, per_width=0, per_row=round(1000 * c / (a + b)))
+    print(f"fit: {a * 1e6:.4f} ns/key + {b * 1e6:.4f} ns/column + {c * 1e3:.3f} us/row -> {model}")
+    if not args.dry_run:
+        path = save_calibration(backend.name, platform.arch, model, {"ns_per_key": a * 1e6, "ns_per_column": b * 1e6, "us_per_row": c * 1e3})
+        print(f"stored in {path}")
+    return 0

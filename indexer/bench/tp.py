@@ -1,0 +1,268 @@
+"""``python -m indexer bench tp``: replicated vs sharded prefill over a sweep, on 1..N ranks.
+
+Spawns one process per rank (NCCL on GPUs, gloo on CPU) and, for each configuration (late
+prefill chunks over a context-length sweep, whole first chunks, a varlen batch of several
+requests, a below-gate step and an optional very large step), times the replicated
+computation and every strategy side by side in the same processes:
+
+- total: per call, ranks start together (barrier) and the call is timed with CUDA events
+  on every rank; a repeat's time is the slowest rank's; the median over repeats is reported.
+- breakdown: one extra call with ``timing=True`` gives compute and reassembly ms per rank
+  (the reassembly alone: ranks meet at a barrier before it is timed).
+- exact: every rank's sharded table has, per row, the same set as its replicated one.
+- peak: ``torch.cuda.max_memory_allocated`` over the call, per rank, max reported.
+
+Writes ``tp.json``, ``tp.csv`` and ``tp_speedup.png`` (matplotlib, if installed) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from .timing import table
+
+VARIANTS = ("contiguous", "remainder0", "fold", "balanced", "auto")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tp", type=int, default=None, help="ranks (default: visible GPUs, else 2)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--contexts", default=None, help="late-chunk key counts N (GPU default 16K..1M)")
+    p.add_argument("--rows", type=int, default=None, help="rows of each late chunk (GPU default 8192)")
+    p.add_argument("--first", default=None, help="whole first chunks, M = N (GPU default 16384,32768)")
+    p.add_argument("--varlen", default=None, help="REQxKEYS:ROWS batch of requests (GPU default 4x32768:4096)")
+    p.add_argument("--big", default=None, help="ROWSxKEYS very large step, replicated vs auto only (GPU default 65536x1048576; 'none' skips)")
+    p.add_argument("--strategies", default=",".join(VARIANTS))
+    p.add_argument("--heads", type=int, default=None)
+    p.add_argument("--head-dim", type=int, default=None)
+    p.add_argument("--topk", type=int, default=None)
+    p.add_argument("--backend", default=None)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", default="bench-out", help="folder for tp.json, tp.csv, tp_speedup.png")
+
+
+_GPU_DEFAULTS = dict(contexts="16384,32768,65536,131072,262144,524288,1048576", rows=8192, first="16384,32768",
+                     varlen="4x32768:4096", big="65536x1048576", heads=64, head_dim=128, topk=2048, gate="4096x32768")
+_CPU_DEFAULTS = dict(contexts="1024,2048,4096", rows=512, first="1024", varlen="3x1024:256", big="none",
+                     heads=4, head_dim=64, topk=256, gate="256x2048")
+
+
+def _configs(cfg: dict) -> list[dict]:
+    out = []
+    for n in [int(x) for x in cfg["contexts"].split(",") if x]:
+        out.append(dict(name=f"late M={min(cfg['rows'], n)} N={n}", kind="late", keys=n, seq=[n], q=[min(cfg["rows"], n)]))
+    for n in [int(x) for x in cfg["first"].split(",") if x]:
+        out.append(dict(name=f"first M=N={n}", kind="first", keys=n, seq=[n], q=[n]))
+    if cfg["varlen"] and cfg["varlen"] != "none":
+        reqs, rest = cfg["varlen"].split("x")
+        keys, rows = (int(x) for x in rest.split(":"))
+        out.append(dict(name=f"varlen {reqs}x{keys} keys, {rows} rows each", kind="varlen", keys=int(reqs) * keys,
+                        seq=[keys] * int(reqs), q=[rows] * int(reqs)))
+    rows, keys = (int(x) for x in cfg["gate"].split("x"))
+    out.append(dict(name=f"below gate M={rows} N={keys}", kind="gate", keys=keys, seq=[keys], q=[rows]))
+    if cfg["big"] and cfg["big"] != "none":
+        rows, keys = (int(x) for x in cfg["big"].split("x"))
+        out.append(dict(name=f"big M={rows} N={keys}", kind="big", keys=keys, seq=[keys], q=[rows]))
+    return out
+
+
+def _rank_main(rank: int, world: int, cfg: dict) -> list[dict]:
+    import torch.distributed as dist
+
+    import indexer
+    from indexer.synthetic import make_inputs
+    from indexer.workspace import release_workspaces
+
+    cuda = cfg["device"] == "cuda"
+    device = torch.device(f"cuda:{rank}") if cuda else torch.device("cpu")
+    group = dist.group.WORLD
+    configs = _configs(cfg)
+    bar = _progress(len(configs), rank)
+    records = []
+
+    def timed(fn):
+        dist.barrier()
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            res = fn()
+            end.record()
+            end.synchronize()
+            return res, start.elapsed_time(end), torch.cuda.max_memory_allocated(device) / 2**30
+        import time
+
+        t0 = time.perf_counter()
+        res = fn()
+        return res, (time.perf_counter() - t0) * 1e3, None
+
+    for c in configs:
+        release_workspaces()
+        if cuda:
+            torch.cuda.empty_cache()
+        inp = make_inputs(c["seq"], c["q"], cfg["heads"], cfg["head_dim"], device, seed=c["keys"])
+        args, topk = inp.args(), cfg["topk"]
+        reps = 1 if c["kind"] == "big" else cfg["repeats"]
+        warm = 1 if c["kind"] == "big" else cfg["warmup"]
+        variants = ["replicated"]
+        if c["kind"] == "gate":
+            variants.append("gated")
+        elif c["kind"] == "big":
+            variants.append("auto")
+        else:
+            variants += cfg["strategies"]
+        ref = None
+        for v in variants:
+            if v == "replicated":
+                call = lambda: indexer.prefill_topk(*args, topk, backend=cfg["backend"])  # noqa: E731
+            elif v == "gated":  # the group is passed, the default gate keeps it replicated
+                call = lambda: indexer.prefill_topk(*args, topk, group=group, backend=cfg["backend"])  # noqa: E731
+            else:
+                call = lambda v=v: indexer.prefill_topk(*args, topk, group=group, backend=cfg["backend"], strategy=v, min_rows_per_rank=0)  # noqa: E731
+            times, peak = [], 0.0
+            for i in range(warm + reps):
+                res, ms, mem = timed(call)
+                if i >= warm:
+                    times.append(ms)
+                    peak = max(peak, mem or 0.0)
+            if v == "replicated":
+                ref = res
+            exact = bool((res.sort(dim=1).values == ref.sort(dim=1).values).all())
+            del res
+            kw = dict(group=group, strategy=v, min_rows_per_rank=0) if v not in ("replicated", "gated") else {}
+            if v == "gated":
+                kw = dict(group=group)
+            _, info = indexer.prefill_topk_with_info(*args, topk, backend=cfg["backend"], timing=True, **kw)
+            plan = info.plan
+            records.append(dict(
+                config=c["name"], kind=c["kind"], keys=c["keys"], rows=sum(c["q"]), variant=v, rank=rank,
+                times=times, peak_gib=peak if cuda else None, exact=exact, backend=info.backend,
+                strategy=plan.strategy if plan else None, reassembly=info.reassembly,
+                rank_rows=plan.rows_per_rank[rank] if plan else sum(c["q"]),
+                imbalance=plan.imbalance if plan else None,
+                compute_ms=info.compute_ms, wait_ms=info.wait_ms or 0.0, exchange_ms=info.exchange_ms or 0.0,
+                sharded=info.sharded,
+            ))
+            if cuda:  # no cached blocks carried from one variant into the next
+                torch.cuda.empty_cache()
+        del inp, args, ref
+        bar(c["name"])
+    return records
+
+
+def _progress(total: int, rank: int):
+    if rank != 0:
+        return lambda _name: None
+    try:
+        from tqdm import tqdm
+
+        pbar = tqdm(total=total, file=sys.stderr, desc="bench tp")
+
+        def step(name):
+            pbar.set_postfix_str(name)
+            pbar.update(1)
+
+        return step
+    except ImportError:
+        done = [0]
+
+        def step(name):
+            done[0] += 1
+            print(f"[{done[0]}/{total}] {name}", file=sys.stderr, flush=True)
+
+        return step
+
+
+def summarize(per_rank: list[list[dict]]) -> list[dict]:
+    """Merge per-rank records: a repeat's time is the slowest rank's, then the median."""
+    rows = []
+    for i, rec in enumerate(per_rank[0]):
+        recs = [r[i] for r in per_rank]
+        totals = [max(ts) for ts in zip(*(r["times"] for r in recs))]
+        rows.append(dict(
+            config=rec["config"], kind=rec["kind"], keys=rec["keys"], rows=rec["rows"], variant=rec["variant"],
+            strategy=rec["strategy"], reassembly=rec["reassembly"], backend=rec["backend"], sharded=rec["sharded"],
+            rows_per_rank="/".join(str(r["rank_rows"]) for r in recs), imbalance=rec["imbalance"],
+            compute_ms=max(r["compute_ms"] for r in recs), exchange_ms=max(r["exchange_ms"] for r in recs),
+            rank_times_ms=[r["times"] for r in recs],
+            total_ms=statistics.median(totals), exact=all(r["exact"] for r in recs),
+            peak_gib=max((r["peak_gib"] or 0.0) for r in recs) if rec["peak_gib"] is not None else None,
+        ))
+    base = {}
+    for r in rows:
+        if r["variant"] == "replicated":
+            base[r["config"]] = r["total_ms"]
+        r["speedup"] = base[r["config"]] / r["total_ms"]
+        r["exchange_pct"] = 100.0 * r["exchange_ms"] / (r["compute_ms"] + r["exchange_ms"]) if r["sharded"] else None
+    return rows
+
+
+def _plot(rows: list[dict], path: Path, title: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    late = [r for r in rows if r["kind"] == "late" and r["variant"] != "replicated"]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for v in sorted({r["variant"] for r in late}):
+        pts = sorted((r["keys"], r["speedup"]) for r in late if r["variant"] == v)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=v)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context length N (keys)")
+    ax.set_ylabel("speedup over replicated")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..launch import run_ranks
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= 1 else "cpu"
+    tp = args.tp or (torch.cuda.device_count() if device == "cuda" else 2)
+    if device == "cuda" and torch.cuda.device_count() < tp:
+        raise SystemExit(f"--tp {tp} needs {tp} GPUs, {torch.cuda.device_count()} visible")
+    defaults = _GPU_DEFAULTS if device == "cuda" else _CPU_DEFAULTS
+    cfg = {k: (getattr(args, k, None) if getattr(args, k, None) is not None else v) for k, v in defaults.items()}
+    cfg.update(device=device, strategies=args.strategies.split(","), backend=args.backend, warmup=args.warmup, repeats=args.repeats)
+    per_rank = run_ranks(_rank_main, tp, cfg, backend="nccl" if device == "cuda" else "gloo", timeout=7200)
+    rows = summarize(per_rank)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = dict(tp=tp, device=device, torch=torch.__version__, gpu=torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+                heads=cfg["heads"], head_dim=cfg["head_dim"], topk=cfg["topk"], repeats=args.repeats, warmup=args.warmup)
+    with open(out / "tp.json", "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    with open(out / "tp.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k != "rank_times_ms"], extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    title = f"indexer TP={tp} on {meta['gpu']} ({rows[0]['backend']}), H={cfg['heads']} D={cfg['head_dim']} topk={cfg['topk']}"
+    plotted = _plot(rows, out / "tp_speedup.png", title)
+    print(title)
+    cols = [("config", "config", "s"), ("variant", "variant", "s"), ("strategy", "plan", "s"), ("reassembly", "exchange", "s"),
+            ("rows_per_rank", "rows/rank", "s"), ("imbalance", "imbal.", ".3f"), ("compute_ms", "compute ms", ".2f"),
+            ("exchange_ms", "exch. ms", ".2f"), ("total_ms", "total ms", ".2f"), ("speedup", "speedup", ".2f"),
+            ("peak_gib", "peak GiB", ".1f"), ("exact", "exact", "")]
+    print(table(rows, cols))
+    print(f"wrote {out / 'tp.json'}, {out / 'tp.csv'}" + (f", {out / 'tp_speedup.png'}" if plotted else " (no matplotlib: no plot)"))
+    return 0 if all(r["exact"] for r in rows) else 1

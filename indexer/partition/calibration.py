@@ -1,0 +1,77 @@
+"""Calibrated per-backend cost models, stored as a small JSON file.
+
+``python -m indexer bench calibrate`` times a backend on the current device and writes its
+coefficients under the key ``"<backend>@<arch>"``; :func:`cost_model_for` returns them to the
+planner (``auto`` and ``balanced``), falling back to the backend's built-in default. Every rank
+must read the same file (the consistency guard catches ranks that do not).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+from .. import envs
+from .cost import CostModel
+
+
+def calibration_path() -> Path:
+    """Where calibrations live: ``INDEXER_COST_MODEL_FILE`` or ``~/.cache/indexer/cost_model.json``."""
+    value = envs.value("COST_MODEL_FILE")
+    if value:
+        return Path(value)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "indexer" / "cost_model.json"
+
+
+def _read(path: Path) -> dict:
+    # the planner asks on every call: re-read only when the file changes
+    try:
+        mtime = path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return {}
+    return _read_file(str(path), mtime)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_file(path: str, mtime_ns: int) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cost model file {path} is unreadable ({exc}); fix or delete it, or point INDEXER_COST_MODEL_FILE elsewhere") from None
+    return data if isinstance(data, dict) else {}
+
+
+def load_calibration(backend: str, arch: str) -> CostModel | None:
+    """The calibrated model of ``backend`` on ``arch``, or ``None`` when none is stored."""
+    entry = _read(calibration_path()).get(f"{backend}@{arch}")
+    if not entry:
+        return None
+    return CostModel(per_key=int(entry["per_key"]), per_width=int(entry["per_width"]), per_row=int(entry["per_row"]))
+
+
+def cost_model_for(backend: object, arch: str) -> tuple[CostModel, str]:
+    """``(model, source)``: the calibration for ``backend`` on ``arch`` if stored, else its default."""
+    name = getattr(backend, "name")
+    model = load_calibration(name, arch)
+    if model is not None:
+        return model, f"calibrated ({calibration_path()})"
+    return getattr(backend, "cost_model"), "built-in default"
+
+
+def save_calibration(backend: str, arch: str, model: CostModel, extra: dict | None = None) -> Path:
+    """Store ``model`` for ``backend`` on ``arch`` (other entries kept)."""
+    path = calibration_path()
+    data = dict(_read(path))
+    data[f"{backend}@{arch}"] = {"per_key": model.per_key, "per_width": model.per_width, "per_row": model.per_row, **(extra or {})}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    tmp.replace(path)
+    return path
