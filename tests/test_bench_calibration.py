@@ -1,0 +1,88 @@
+"""Benchmarks and calibration, run small on the CPU (smoke + file contracts; no timing asserts)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import indexer
+from indexer.backends import get_backend
+from indexer.partition import CostModel
+from indexer.partition.calibration import calibration_path, cost_model_for, load_calibration, save_calibration
+
+
+def _run(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "indexer", *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
+
+
+def test_calibration_roundtrip_and_planner_uses_it(tmp_path, monkeypatch):
+    path = tmp_path / "costs.json"
+    monkeypatch.setenv("INDEXER_COST_MODEL_FILE", str(path))
+    backend = get_backend("torch")
+    model, source = cost_model_for(backend, "cpu")
+    assert model == backend.cost_model and source == "built-in default"
+    save_calibration("torch", "cpu", CostModel(per_key=1000, per_width=0, per_row=5), {"note": "test"})
+    save_calibration("deepgemm", "sm90", CostModel(per_key=1000, per_width=0, per_row=7))
+    assert calibration_path() == path
+    assert load_calibration("torch", "cpu") == CostModel(1000, 0, 5)
+    assert load_calibration("deepgemm", "sm90") == CostModel(1000, 0, 7)
+    model, source = cost_model_for(backend, "cpu")
+    assert model == CostModel(1000, 0, 5) and "calibrated" in source
+    json.loads(path.read_text())  # still valid JSON
+
+
+def test_unreadable_calibration_names_the_flag(tmp_path, monkeypatch):
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    monkeypatch.setenv("INDEXER_COST_MODEL_FILE", str(path))
+    with pytest.raises(ValueError, match="INDEXER_COST_MODEL_FILE"):
+        load_calibration("torch", "cpu")
+
+
+def test_calibrate_fit_recovers_known_coefficients():
+    from indexer.bench.calibrate import fit
+
+    samples = [(l_, w_, 2e-6 * l_ + 5e-7 * w_ + 3e-3) for l_ in (512, 2048, 8192) for w_ in (l_ + 1, 4 * l_)]
+    a, b, c = fit(samples)
+    assert abs(a - 2e-6) < 1e-9 and abs(b - 5e-7) < 1e-9 and abs(c - 3e-3) < 1e-7
+
+
+def test_bench_calibrate_cli_stores(tmp_path):
+    path = tmp_path / "c.json"
+    res = _run("bench", "calibrate", "--rows", "64", "--keys", "64,256", "--heads", "2", "--head-dim", "32",
+               "--topk", "16", "--repeats", "1", env={"INDEXER_COST_MODEL_FILE": str(path)})
+    assert res.returncode == 0, res.stdout + res.stderr
+    entry = json.loads(path.read_text())["torch@cpu"]
+    assert entry["per_key"] == 1000 and entry["per_width"] == 0 and entry["per_row"] >= 0
+
+
+def test_bench_tp_cpu_writes_outputs(tmp_path):
+    res = _run("bench", "tp", "--tp", "2", "--device", "cpu", "--contexts", "512", "--rows", "128", "--first", "256",
+               "--varlen", "2x256:64", "--heads", "2", "--head-dim", "32", "--topk", "32", "--repeats", "1",
+               "--warmup", "0", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads((tmp_path / "tp.json").read_text())
+    rows = data["rows"]
+    assert {r["variant"] for r in rows} >= {"replicated", "contiguous", "remainder0", "fold", "balanced", "auto", "gated"}
+    assert all(r["exact"] for r in rows)
+    assert all(len(r["rank_times_ms"]) == 2 for r in rows)
+    sharded = [r for r in rows if r["variant"] not in ("replicated", "gated")]
+    assert all(r["sharded"] and r["speedup"] > 0 for r in sharded)
+    with open(tmp_path / "tp.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+
+
+def test_bench_kernels_cpu(tmp_path):
+    out = tmp_path / "k.json"
+    res = _run("bench", "kernels", "--rows", "32", "--context", "128", "--heads", "2", "--head-dim", "32", "--topk", "16",
+               "--repeats", "1", "--backends", "torch", "--json", str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    (row,) = json.loads(out.read_text())
+    assert row["backend"] == "torch" and row["exact"] == 1.0 and row["valid"] == 1.0
