@@ -22,7 +22,7 @@ from .collective import (
     probe_group,
     reassemble,
 )
-from .partition import RowPlan, plan_candidates
+from .partition import DEFAULT_STRIPE_ROWS, RowPlan, plan_candidates
 from .partition.calibration import cost_model_for
 from .platform import platform_for_device
 from .problem import validate
@@ -42,6 +42,7 @@ class StepInfo:
         plan: The row plan (``None`` when not sharded).
         reassembly: Exchange mode used (``None`` when not sharded).
         reason: Why the step was or was not sharded.
+        notes: What the backend did differently for this problem (e.g. head padding).
         compute_ms: Time to compute this rank's rows (only with ``timing=True``).
         wait_ms: Time this rank then waited for the slowest rank (only with ``timing=True``).
         exchange_ms: Time of the reassembly alone (only with ``timing=True``).
@@ -54,6 +55,7 @@ class StepInfo:
     plan: RowPlan | None = None
     reassembly: str | None = None
     reason: str = ""
+    notes: tuple[str, ...] = ()
     compute_ms: float | None = None
     wait_ms: float | None = None
     exchange_ms: float | None = None
@@ -102,8 +104,9 @@ def prefill_topk(
         out: Optional int32 ``[M, topk]`` contiguous tensor on the inputs' device, filled
             and returned; untouched if validation fails.
         backend: ``auto`` or a backend name to force (default ``INDEXER_BACKEND``).
-        strategy: ``auto|contiguous|remainder0|fold|balanced`` (default ``INDEXER_TP_SHARD_STRATEGY``).
-        reassembly: ``auto|allgatherv|ring|padded`` (default ``INDEXER_REASSEMBLY``).
+        strategy: ``auto|contiguous|remainder0|fold|balanced|striped`` (default
+            ``INDEXER_TP_SHARD_STRATEGY``; stripe size ``INDEXER_TP_SHARD_STRIPE_ROWS``).
+        reassembly: ``auto|allgatherv|ring|padded|maxreduce`` (default ``INDEXER_REASSEMBLY``).
         max_logits_mb: Working-set budget in MiB (default ``INDEXER_MAX_LOGITS_MB``).
         tp_shard: Split rows across ``group`` (default ``INDEXER_TP_SHARD``).
         min_rows_per_rank: Shard only when ``M >= min_rows_per_rank * world_size``
@@ -169,7 +172,7 @@ def prefill_topk_with_info(
             raise ValueError("group was given but torch.distributed is not initialised")
         world, rank = dist.get_world_size(group), dist.get_rank(group)
     m = problem.num_rows
-    info = StepInfo(chosen.name, False, world, rank)
+    info = StepInfo(chosen.name, False, world, rank, notes=tuple(chosen.notes(problem)))
     plan = None
     if world == 1:
         info.reason = "no tensor-parallel group"
@@ -180,7 +183,8 @@ def prefill_topk_with_info(
     else:
         caps = probe_group(group, problem.device)
         model, _ = cost_model_for(chosen, platform.arch)
-        plan, mode = choose_plan(problem, model, caps, strategy_req, reassembly_req)
+        stripe = envs.value("TP_SHARD_STRIPE_ROWS", key)
+        plan, mode = choose_plan(problem, model, caps, strategy_req, reassembly_req, stripe)
         info.sharded, info.plan, info.reassembly = True, plan, mode
         info.reason = f"sharded: {plan.describe()}, reassembly {mode}"
     if check and world > 1:
@@ -209,13 +213,15 @@ def prefill_topk_with_info(
     return result, info
 
 
-def choose_plan(problem, cost_model, caps: GroupCaps, strategy: str, reassembly: str) -> tuple[RowPlan, str]:
+def choose_plan(
+    problem, cost_model, caps: GroupCaps, strategy: str, reassembly: str, stripe_rows: int = DEFAULT_STRIPE_ROWS
+) -> tuple[RowPlan, str]:
     """Resolve ``auto`` strategy / reassembly into a plan and an exchange mode.
 
     ``auto`` strategy takes the plan with the lowest predicted max-rank cost among those
     the reassembly can exchange; plans within 1% of it count as ties, won by the earlier of
-    balanced, contiguous, remainder0, fold. A forced reassembly that cannot run on the
-    group raises.
+    balanced, contiguous, remainder0, fold, striped. A forced reassembly that cannot run on
+    the group raises.
     """
     if reassembly != "auto":
         reasons = mode_reasons(reassembly, caps, None)
@@ -226,7 +232,8 @@ def choose_plan(problem, cost_model, caps: GroupCaps, strategy: str, reassembly:
     else:
         names = (strategy,)
     plans = plan_candidates(
-        problem.starts_host, problem.ends_host, caps.world_size, names, cost_model=cost_model, num_keys=problem.num_keys
+        problem.starts_host, problem.ends_host, caps.world_size, names, cost_model=cost_model,
+        num_keys=problem.num_keys, stripe_rows=stripe_rows,
     )
     lowest = min(p.max_cost for p in plans)
     # within 1% of the lowest, prefer the earlier strategy: single-piece plans exchange
@@ -238,7 +245,7 @@ def choose_plan(problem, cost_model, caps: GroupCaps, strategy: str, reassembly:
     return best, choose_mode(reassembly, caps, best.strategy)
 
 
-_AUTO_ORDER = ("balanced", "contiguous", "remainder0", "fold")
+_AUTO_ORDER = ("balanced", "contiguous", "remainder0", "fold", "striped")
 
 
 class _Clock:

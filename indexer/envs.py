@@ -39,6 +39,13 @@ def _parse_positive_int(text: str) -> int:
     return value
 
 
+def _parse_int_at_least_one(text: str) -> int:
+    value = int(text.strip())
+    if value < 1:
+        raise ValueError("expected an integer >= 1")
+    return value
+
+
 def _parse_positive_float(text: str) -> float:
     value = float(text.strip())
     if not value > 0:
@@ -142,11 +149,11 @@ TP_SHARD = _declare(
 TP_SHARD_STRATEGY = _declare(
     Flag(
         "TP_SHARD_STRATEGY",
-        _choice("auto", "contiguous", "remainder0", "fold", "balanced"),
+        _choice("auto", "contiguous", "remainder0", "fold", "balanced", "striped"),
         "auto",
         "Row partition strategy. 'auto' picks the plan with the lowest predicted "
         "max-rank cost among those the chosen reassembly supports.",
-        choices=("auto", "contiguous", "remainder0", "fold", "balanced"),
+        choices=("auto", "contiguous", "remainder0", "fold", "balanced", "striped"),
         per_platform=True,
     )
 )
@@ -162,14 +169,24 @@ TP_SHARD_MIN_ROWS = _declare(
         type_name="int",
     )
 )
+TP_SHARD_STRIPE_ROWS = _declare(
+    Flag(
+        "TP_SHARD_STRIPE_ROWS",
+        _parse_int_at_least_one,
+        512,
+        "Rows per stripe of the 'striped' strategy (stripes dealt round-robin to ranks).",
+        per_platform=True,
+        type_name="int",
+    )
+)
 REASSEMBLY = _declare(
     Flag(
         "REASSEMBLY",
-        _choice("auto", "allgatherv", "ring", "padded"),
+        _choice("auto", "allgatherv", "ring", "padded", "maxreduce"),
         "auto",
         "How ranks exchange their top-k rows. 'auto' probes the process group once "
         "(backend, variable-size all-gather support) and picks the best that works.",
-        choices=("auto", "allgatherv", "ring", "padded"),
+        choices=("auto", "allgatherv", "ring", "padded", "maxreduce"),
         per_platform=True,
     )
 )

@@ -66,3 +66,42 @@ def make_inputs(
     weights = torch.randn(m, heads, generator=gen) * q_scale
     dev = torch.device(device)
     return Inputs(q.to(dev), k.to(dev), k_scale.to(dev), weights.to(dev), starts.to(dev), ends.to(dev))
+
+
+def make_needle_inputs(
+    seq_lens: list[int],
+    query_lens: list[int],
+    heads: int = 8,
+    head_dim: int = 64,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> tuple[Inputs, list[list[int]]]:
+    """A packed batch where every request hides needle keys that all its queries rank first.
+
+    Each request gets two needles visible to all of its query rows: its very first key and
+    the last key its earliest query row sees (the end of the shortest history). Queries
+    share a direction ``u`` and the needles point along it, so ``q . k`` is largest there
+    for every head; weights are positive.
+
+    Returns:
+        ``(inputs, needles)``: ``needles[i]`` holds request ``i``'s needle keys (absolute).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    starts, ends, n = causal_bounds(seq_lens, query_lens)
+    m = starts.numel()
+    u = torch.randn(head_dim, generator=gen)
+    u = u / u.norm()
+    q = torch.randn(m, heads, head_dim, generator=gen) + 3.0 * u
+    k = torch.randn(n, head_dim, generator=gen)
+    needles, offset = [], 0
+    for s, qlen in zip(seq_lens, query_lens):
+        mine = sorted({offset, offset + s - qlen} if qlen and s else set())
+        for j in mine:
+            k[j] = 12.0 * u
+        needles.append(mine)
+        offset += s
+    q8, q_scale = quantize_fp8(q)
+    k8, k_scale = quantize_fp8(k)
+    weights = (torch.rand(m, heads, generator=gen) + 0.1) * q_scale
+    dev = torch.device(device)
+    return Inputs(q8.to(dev), k8.to(dev), k_scale.to(dev), weights.to(dev), starts.to(dev), ends.to(dev)), needles

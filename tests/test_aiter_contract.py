@@ -108,12 +108,15 @@ def test_results_match_reference_through_the_wrapper(stand_in_aiter, fp8):
     topk = 2048 if not stand_in_aiter.current else 40
     # rows longer and shorter than topk, non-zero starts (packed requests)
     inp = make_inputs([2600, 300], [90, 300], heads=4, head_dim=32, fp8_dtype=fp8, seed=11)
+    inp.row_starts[40:43] = 0  # padding rows, away from the chunk's keys
+    inp.row_ends[40:43] = 0
     problem = validate(*inp.args(), topk)
     backend = get_backend("aiter")
     assert backend.problem_reasons(problem, fp8, rocm_backend._load()) == []
     out = torch.full((problem.num_rows, topk), 7777, dtype=torch.int32)
     run_rows(backend, problem, [(0, problem.num_rows)], out, budget_bytes=2**20)  # several chunks
     assert not (out == 7777).any()
+    assert (out[40:43] == -1).all()
     assert_matches_naive(out, inp, topk)
     kinds = {c[0] for c in stand_in_aiter.calls}
     assert kinds == {"logits", "topk"}

@@ -86,3 +86,51 @@ def test_triton_backend_chunked_equals_whole():
     a = indexer.prefill_topk(*inp.args(), 16, backend="triton")
     b = indexer.prefill_topk(*inp.args(), 16, backend="triton", max_logits_mb=0.01)
     assert sets_equal(a, b)
+
+
+@pytest.mark.parametrize("heads,padded", [(16, 32), (33, 64), (64, 64)])
+def test_head_padding_leaves_logits_bit_identical(heads, padded):
+    from indexer.backends import get_backend
+    from indexer.backends.cuda import pad_heads, padded_heads
+
+    assert padded_heads(heads, "sm90") == padded
+    assert padded_heads(65, "sm90") is None and padded_heads(8, "sm100") == 8
+    inp = make_inputs([300, 120], [100, 120], heads=heads, head_dim=32, seed=heads)
+    q_pad, w_pad = pad_heads(inp.q, inp.weights, padded)
+    assert q_pad.shape == (220, padded, 32) and w_pad.shape == (220, padded)
+    ref = get_backend("torch")
+    a = validate(*inp.args(), 16)
+    b = validate(q_pad, inp.k, inp.k_scale, w_pad, inp.row_starts, inp.row_ends, 16)
+    ws = torch.empty(220, a.num_keys)
+    la = ref.logits(a, (0, 220), (0, a.num_keys), ws).clone()
+    lb = ref.logits(b, (0, 220), (0, a.num_keys), ws).clone()
+    assert torch.equal(la, lb)
+
+
+def test_padding_is_a_note_not_a_reason():
+    from indexer.backends import get_backend
+
+    inp = make_inputs([50], [10], heads=16, head_dim=64)
+    dg = get_backend("deepgemm")
+    notes = dg.notes(validate(*inp.args(), 8))
+    assert notes and "padded to 32" in notes[0]
+    res = __import__("subprocess").run(
+        [__import__("sys").executable, "-m", "indexer", "info", "--heads", "16", "--head-dim", "64"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert res.returncode == 0 and "H=16" in res.stdout
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs Triton's interpreter on CPU")
+def test_padding_rows_anywhere_are_all_minus_one_triton():
+    pytest.importorskip("triton")
+    inp = make_inputs([300, 40], [60, 40], heads=2, head_dim=32, seed=5)
+    n = inp.k.shape[0]
+    # CUDA-graph style padding: empty rows at key 0 and at key N, between real rows
+    inp.row_starts[10:13] = 0
+    inp.row_ends[10:13] = 0
+    inp.row_starts[70:72] = n
+    inp.row_ends[70:72] = n
+    out = indexer.prefill_topk(*inp.args(), 16, backend="triton", max_logits_mb=0.02)
+    assert (out[10:13] == -1).all() and (out[70:72] == -1).all()
+    assert_matches_naive(out, inp, 16, tol=1e-5)

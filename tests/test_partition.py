@@ -36,7 +36,8 @@ def test_every_row_owned_exactly_once(b, tp, strategy):
             owner[a:e] = r
     assert (owner >= 0).all(), "row owned by nobody"
     assert sum(plan.rows_per_rank) == len(starts)
-    max_pieces = 2 if strategy == "fold" else 1
+    stripes = -(-len(starts) // 512)
+    max_pieces = {"fold": 2, "striped": -(-stripes // tp)}.get(strategy, 1)
     assert all(len(plan.rank_rows(r)) <= max_pieces for r in range(tp))
     # costs add up to the model's total
     total = int(CostModel().row_costs(torch.tensor(starts, dtype=torch.int64), torch.tensor(ends, dtype=torch.int64), max(ends, default=0)).sum())
@@ -139,3 +140,22 @@ def test_mismatched_bounds():
         plan_rows([0, 0], [1], 2, "contiguous")
     with pytest.raises(TypeError, match="integers"):
         plan_rows(torch.zeros(2), torch.ones(2), 2, "contiguous")
+
+
+@pytest.mark.parametrize("m,tp,stripe", [(0, 2, 4), (10, 3, 4), (1000, 4, 64), (4096, 8, 512)])
+def test_striped_layout(m, tp, stripe):
+    plan = plan_rows(*causal(m), tp, "striped", stripe_rows=stripe)
+    for r in range(tp):
+        want = [(a, min(m, a + stripe)) for i, a in enumerate(range(0, m, stripe)) if i % tp == r]
+        assert plan.rank_rows(r) == want
+
+
+def test_striped_balances_causal_cost():
+    plan = plan_rows(*causal(8192), 4, "striped", stripe_rows=256)
+    # round-robin leaves rank tp-1 the latest stripe of every round: within stripe/M
+    assert plan.imbalance < 1.1 < plan_rows(*causal(8192), 4, "contiguous").imbalance
+
+
+def test_bad_stripe_rows():
+    with pytest.raises(ValueError, match="stripe_rows"):
+        plan_rows([0], [1], 2, "striped", stripe_rows=0)

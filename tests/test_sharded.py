@@ -11,8 +11,8 @@ import indexer
 from indexer.launch import RankFailed, run_ranks
 from indexer.synthetic import make_inputs
 
-STRATEGIES = ("contiguous", "remainder0", "fold", "balanced", "auto")
-MODES = ("ring", "padded", "auto")
+STRATEGIES = ("contiguous", "remainder0", "fold", "balanced", "striped", "auto")
+MODES = ("ring", "padded", "maxreduce", "auto")
 TOPK = 8
 
 
@@ -28,8 +28,11 @@ def _inputs(m, seed):
 
 
 def _matrix_rank(rank, world):
+    import os
+
     import torch.distributed as dist
 
+    os.environ["INDEXER_TP_SHARD_STRIPE_ROWS"] = "16"  # several stripes per rank at these sizes
     results = {}
     for m in _row_counts(world):
         inp = _inputs(m, seed=m)
@@ -57,8 +60,10 @@ def test_sharded_equals_replicated(tp):
         if m and req_mode != "auto":
             assert mode == req_mode, key
         if m and req_mode == "auto":
-            # gloo cannot do variable-size all_gather: auto is ring for ring plans, else padded
-            assert mode == ("ring" if plan_strategy in ("remainder0", "fold") else "padded"), key
+            # gloo cannot do variable-size all_gather: auto is ring for ring plans,
+            # maxreduce for striped plans, else padded
+            want = {"remainder0": "ring", "fold": "ring", "striped": "maxreduce"}.get(plan_strategy, "padded")
+            assert mode == want, key
         if m and strategy != "auto":
             assert plan_strategy == strategy
         for r in range(1, tp):
@@ -68,7 +73,7 @@ def test_sharded_equals_replicated(tp):
         want = indexer.prefill_topk(*inp.args(), TOPK)
         assert torch.equal(out0.sort(1).values, want.sort(1).values), f"sharded != replicated for {key}"
         checked += 1
-    assert checked >= 6 * 9
+    assert checked >= 6 * 14
 
 
 def _gate_rank(rank, world, min_rows):

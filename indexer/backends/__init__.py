@@ -69,6 +69,7 @@ class BackendStatus:
     available: bool
     reasons: tuple[str, ...]
     in_priority: bool
+    notes: tuple[str, ...] = ()
 
 
 def _reasons(name: str, problem: Problem | None) -> list[str]:
@@ -87,7 +88,8 @@ def backend_statuses(platform: Platform, problem: Problem | None = None) -> list
         reasons = _reasons(name, problem)
         if name not in platform.backend_priority:
             reasons = reasons or [f"not in the {platform.vendor} priority list (can be forced)"]
-        out.append(BackendStatus(name, not reasons, tuple(reasons), name in platform.backend_priority))
+        notes = tuple(get_backend(name).notes(problem)) if problem is not None and not reasons else ()
+        out.append(BackendStatus(name, not reasons, tuple(reasons), name in platform.backend_priority, notes))
     return out
 
 

@@ -16,11 +16,7 @@ import torch
 
 from ..partition import CostModel
 from ..problem import Problem
-from ..workspace import logits_workspace
-
-_MAX_CHUNK_BYTES = 2**31 - 1
-"""Cap on one chunk's float32 logits: kernels index them with 32-bit offsets (AITER's
-failed past 2 GiB upstream)."""
+from ..workspace import MAX_CHUNK_BYTES, logits_workspace
 
 
 class Backend(abc.ABC):
@@ -73,6 +69,11 @@ class Backend(abc.ABC):
             out: int32 ``[R, topk]``; row-relative indices (key - row_starts), ``-1`` padded.
         """
 
+    def notes(self, problem: Problem) -> list[str]:
+        """What the backend does differently for ``problem`` while still supporting it
+        (shown by ``info`` and kept in :class:`indexer.StepInfo`)."""
+        return []
+
     def chunk_bytes(self, rows: torch.Tensor, width: torch.Tensor, problem: Problem) -> torch.Tensor:
         """Working-set bytes of a chunk of ``rows`` rows and ``width`` key columns.
 
@@ -89,6 +90,18 @@ class Backend(abc.ABC):
         return f"<{type(self).__name__} {self.name!r}>"
 
 
+def relative_bounds(problem: Problem, rows: tuple[int, int], cols: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """int32 contiguous ``(starts, ends)`` of rows ``[a, b)`` relative to key ``lo``, as vendor
+    kernels take them. Non-empty rows lie inside ``[lo, hi)`` by construction; empty rows
+    (padding) may sit anywhere, so they are clamped into the block, still empty."""
+    a, b = rows
+    lo, hi = cols
+    n = hi - lo
+    starts = (problem.row_starts[a:b] - lo).clamp(0, n).to(torch.int32).contiguous()
+    ends = (problem.row_ends[a:b] - lo).clamp(0, n).to(torch.int32).contiguous()
+    return starts, ends
+
+
 def _chunk_end(backend: Backend, problem: Problem, start: int, stop: int, budget: int) -> tuple[int, int, int]:
     """Largest chunk ``[start, end)`` within ``[start, stop)`` that fits the budget.
 
@@ -103,7 +116,7 @@ def _chunk_end(backend: Backend, problem: Problem, start: int, stop: int, budget
     hi = torch.cummax(torch.where(empty, -1, ends), 0).values
     width = (hi - lo).clamp_min(0)
     count = torch.arange(1, stop - start + 1, dtype=torch.int64)
-    fits = (backend.chunk_bytes(count, width, problem) <= budget) & (count * width * 4 <= _MAX_CHUNK_BYTES)
+    fits = (backend.chunk_bytes(count, width, problem) <= budget) & (count * width * 4 <= MAX_CHUNK_BYTES)
     # both costs grow with the chunk, so the fitting chunks are a prefix
     take = max(1, int(fits.sum()))
     end = start + take
@@ -137,7 +150,7 @@ def run_rows(
             if hi <= lo:  # every row in the chunk is empty
                 dst.fill_(-1)
             else:
-                ws = logits_workspace(problem.device, (end - start) * (hi - lo)) if backend.uses_workspace else None
+                ws = logits_workspace(problem.device, (end - start) * (hi - lo), budget_bytes) if backend.uses_workspace else None
                 ws = ws.view(end - start, hi - lo) if ws is not None else None
                 block = backend.logits(problem, (start, end), (lo, hi), ws)
                 backend.topk(problem, block, (start, end), lo, dst)

@@ -29,7 +29,7 @@ import torch
 
 from .timing import table
 
-VARIANTS = ("contiguous", "remainder0", "fold", "balanced", "auto")
+VARIANTS = ("contiguous", "remainder0", "fold", "balanced", "striped", "auto")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

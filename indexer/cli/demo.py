@@ -26,8 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--topk", type=int, default=256)
-    p.add_argument("--strategy", default=None, help="auto|contiguous|remainder0|fold|balanced (default: INDEXER_TP_SHARD_STRATEGY)")
-    p.add_argument("--reassembly", default=None, help="auto|allgatherv|ring|padded (default: INDEXER_REASSEMBLY)")
+    p.add_argument("--strategy", default=None, help="auto|contiguous|remainder0|fold|balanced|striped (default: INDEXER_TP_SHARD_STRATEGY)")
+    p.add_argument("--reassembly", default=None, help="auto|allgatherv|ring|padded|maxreduce (default: INDEXER_REASSEMBLY)")
     p.add_argument("--backend", default=None, help="force a backend (default: automatic dispatch)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: cuda when --tp GPUs are visible, else cpu")

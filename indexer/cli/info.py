@@ -19,6 +19,9 @@ _PACKAGES = (
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="versions, detected platform, backends and effective settings")
+    p.add_argument("--heads", type=int, default=None, help="also check every backend against a problem with H heads")
+    p.add_argument("--head-dim", type=int, default=128, help="D of that problem (default 128)")
+    p.add_argument("--topk", type=int, default=2048, help="topk of that problem (default 2048)")
     p.set_defaults(func=run)
 
 
@@ -40,7 +43,7 @@ def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
 def run(args: argparse.Namespace) -> int:
     import indexer
     from indexer import envs
-    from indexer.workspace import workspace_bytes
+    from indexer.workspace import workspace_bytes, workspace_numel
 
     platform = indexer.current_platform()
     print(f"indexer {indexer.__version__}")
@@ -59,11 +62,21 @@ def run(args: argparse.Namespace) -> int:
     for note in platform.notes:
         print(f"  note: {note}")
 
-    print("\nbackends (priority order for this platform):")
+    problem = None
+    if args.heads is not None:
+        from indexer.problem import validate
+        from indexer.synthetic import make_inputs
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        inp = make_inputs([1], [1], args.heads, args.head_dim, device, fp8_dtype=platform.fp8_dtype)
+        problem = validate(*inp.args(), args.topk)
+        print(f"\nbackends for H={args.heads} D={args.head_dim} topk={args.topk} on {device} (priority order):")
+    else:
+        print("\nbackends (priority order for this platform):")
     rows = []
-    for st in indexer.available_backends():
-        rows.append((st.name, "yes" if st.available else "no", "; ".join(st.reasons) or "-"))
-    print(_table(rows, ("backend", "available", "reasons")))
+    for st in indexer.available_backends(problem):
+        rows.append((st.name, "yes" if st.available else "no", "; ".join(st.reasons + st.notes) or "-"))
+    print(_table(rows, ("backend", "available", "reasons / notes")))
 
     print("\nsettings:")
     rows = []
@@ -78,5 +91,12 @@ def run(args: argparse.Namespace) -> int:
     for msg in problems:
         print(f"  warning: {msg}")
     ws = workspace_bytes()
-    print("\nlogits workspace: " + (", ".join(f"{d} {b / 2**20:.1f} MiB" for d, b in ws.items()) or "not allocated yet"))
+    try:
+        budget = int(envs.value("MAX_LOGITS_MB", platform.key) * 2**20)
+        size = f"{workspace_numel(budget) * 4 / 2**20:.0f} MiB per device"
+    except ValueError:
+        size = "unknown (bad INDEXER_MAX_LOGITS_MB)"
+    held = ", ".join(f"{d} {b / 2**20:.0f} MiB" for d, b in ws.items()) or "none in this process yet"
+    print(f"\nlogits workspace: {size} (min(INDEXER_MAX_LOGITS_MB, 2 GiB)), allocated once at the first "
+          f"chunk of the torch/triton backends and reused; held now: {held}")
     return 0

@@ -7,6 +7,9 @@ Modes (see DESIGN.md):
   broadcasts for the rest, issued together (``remainder0``: rank 0's extra rows; ``fold``:
   the second-half groups). Any backend.
 - ``padded``: all_gather of slices padded to the largest, then strip. Any backend.
+- ``maxreduce``: the output prefilled with -1, each rank writes its rows in place, one
+  all_reduce(MAX) merges them (-1 is below every valid index). Any backend, any plan; the
+  natural fit for ``striped`` plans, whose many pieces it never packs or scatters.
 
 Slices are written in place into ``out`` wherever the layout allows, so the exchange moves
 each row once.
@@ -22,7 +25,7 @@ import torch.distributed as dist
 from ..partition import RowPlan, fold_split
 from .probe import GroupCaps
 
-MODES = ("allgatherv", "ring", "padded")
+MODES = ("allgatherv", "ring", "padded", "maxreduce")
 RING_STRATEGIES = ("remainder0", "fold")
 """Plans whose layout ``ring`` can exchange."""
 
@@ -34,8 +37,8 @@ class ReassemblyError(ValueError):
 
 
 def supported_modes(caps: GroupCaps) -> tuple[str, ...]:
-    """Modes the group can run, best first."""
-    return (("allgatherv",) if caps.varsize_allgather else ()) + ("ring", "padded")
+    """Modes the group can run, in ``auto``'s order of preference."""
+    return (("allgatherv",) if caps.varsize_allgather else ()) + ("ring", "maxreduce", "padded")
 
 
 def mode_reasons(mode: str, caps: GroupCaps, strategy: str | None) -> list[str]:
@@ -48,11 +51,17 @@ def mode_reasons(mode: str, caps: GroupCaps, strategy: str | None) -> list[str]:
     return reasons
 
 
+def _auto_fits(mode: str, strategy: str) -> bool:
+    # maxreduce reduces the whole table (about twice the bytes of a gather), so auto keeps
+    # it for striped plans, whose many pieces every other mode would pack or scatter
+    return mode != "maxreduce" or strategy == "striped"
+
+
 def choose_mode(requested: str, caps: GroupCaps, strategy: str) -> str:
     """Resolve ``auto`` (or check a forced mode) for a plan of ``strategy``.
 
     ``auto``: allgatherv where the group supports it (one collective, no padding); else ring
-    for the plans it fits (no padding); else padded.
+    for the plans it fits (no padding); else maxreduce for striped plans; else padded.
 
     Raises:
         ReassemblyError: A forced mode cannot run; the message says why.
@@ -63,7 +72,7 @@ def choose_mode(requested: str, caps: GroupCaps, strategy: str) -> str:
             raise ReassemblyError(f"INDEXER_REASSEMBLY / reassembly={requested!r} cannot be used: " + "; ".join(reasons))
         return requested
     for mode in supported_modes(caps):
-        if not mode_reasons(mode, caps, strategy):
+        if not mode_reasons(mode, caps, strategy) and _auto_fits(mode, strategy):
             return mode
     raise AssertionError("padded supports every plan")
 
@@ -97,6 +106,8 @@ def reassemble(local: torch.Tensor, plan: RowPlan, rank: int, group: object, mod
         _ring(local, plan, rank, group, out)
     elif mode == "padded":
         _padded(local, plan, rank, group, out)
+    elif mode == "maxreduce":
+        _maxreduce(local, plan, rank, group, out)
     else:
         raise ReassemblyError(f"unknown reassembly mode {mode!r}; expected one of {'|'.join(MODES)}")
 
@@ -146,6 +157,12 @@ def _padded(local: torch.Tensor, plan: RowPlan, rank: int, group: object, out: t
     _all_gather_single(recv, send, group=group)
     for r in range(world):
         _scatter(recv[r * most :], plan.pieces[r], out)
+
+
+def _maxreduce(local: torch.Tensor, plan: RowPlan, rank: int, group: object, out: torch.Tensor) -> None:
+    out.fill_(-1)
+    _scatter(local, plan.pieces[rank], out)
+    dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
 
 
 def _equal_slices_in_rank_order(plan: RowPlan) -> bool:

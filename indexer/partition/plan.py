@@ -17,7 +17,9 @@ from .cost import DEFAULT_COST_MODEL, CostModel
 Range = tuple[int, int]
 """Half-open row range ``[start, stop)``."""
 
-STRATEGIES = ("contiguous", "remainder0", "fold", "balanced")
+STRATEGIES = ("contiguous", "remainder0", "fold", "balanced", "striped")
+DEFAULT_STRIPE_ROWS = 512
+"""Rows per stripe of the ``striped`` strategy (SGLang's DSA M-split uses 512)."""
 """Strategy names accepted by :func:`plan_rows` (``auto`` is resolved by the caller)."""
 
 
@@ -90,11 +92,11 @@ def _as_int64_cpu(x: torch.Tensor | Sequence[int], name: str) -> torch.Tensor:
     return t.detach().to("cpu", torch.int64)
 
 
-def _contiguous(m: int, tp: int, _prefix: torch.Tensor) -> list[list[Range]]:
+def _contiguous(m: int, tp: int, _prefix: torch.Tensor, _stripe: int) -> list[list[Range]]:
     return [[(r * m // tp, (r + 1) * m // tp)] for r in range(tp)]
 
 
-def _remainder0(m: int, tp: int, _prefix: torch.Tensor) -> list[list[Range]]:
+def _remainder0(m: int, tp: int, _prefix: torch.Tensor, _stripe: int) -> list[list[Range]]:
     # Every rank floor(M/tp) rows; rank 0 also takes the M mod tp extra rows, which are the
     # earliest (cheapest) ones. Ranks 0..tp-1 then own equal blocks of [rem, M).
     base, rem = divmod(m, tp)
@@ -108,7 +110,7 @@ def fold_split(m: int, tp: int) -> int:
     return (m // 2) // tp * tp
 
 
-def _fold(m: int, tp: int, _prefix: torch.Tensor) -> list[list[Range]]:
+def _fold(m: int, tp: int, _prefix: torch.Tensor, _stripe: int) -> list[list[Range]]:
     # First half (a multiple of tp) in tp equal groups, second half in tp near-equal
     # groups; rank r pairs first-half group r (cheap, early) with second-half group
     # tp-1-r (expensive, late), so causal cost evens out without a cost model.
@@ -119,12 +121,12 @@ def _fold(m: int, tp: int, _prefix: torch.Tensor) -> list[list[Range]]:
     return [[(r * g1, (r + 1) * g1), second[tp - 1 - r]] for r in range(tp)]
 
 
-def _balanced(m: int, tp: int, prefix: torch.Tensor) -> list[list[Range]]:
+def _balanced(m: int, tp: int, prefix: torch.Tensor, _stripe: int) -> list[list[Range]]:
     # Cut where the prefix sum of cost is nearest to k/tp of the total, in integers:
     # compare prefix*tp with k*total so no rounding differs between ranks or machines.
     total = int(prefix[-1])
     if total == 0:
-        return _contiguous(m, tp, prefix)
+        return _contiguous(m, tp, prefix, _stripe)
     scaled = prefix * tp
     targets = torch.arange(1, tp, dtype=torch.int64) * total
     his = torch.searchsorted(scaled, targets, side="left")
@@ -140,11 +142,21 @@ def _balanced(m: int, tp: int, prefix: torch.Tensor) -> list[list[Range]]:
     return [[(cuts[r], cuts[r + 1])] for r in range(tp)]
 
 
-_STRATEGY_FUNCS: dict[str, Callable[[int, int, torch.Tensor], list[list[Range]]]] = {  # (M, tp, prefix)
+def _striped(m: int, tp: int, _prefix: torch.Tensor, stripe: int) -> list[list[Range]]:
+    # fixed-size stripes dealt round-robin: causal cost evens out without a cost model,
+    # at the price of many pieces per rank (exchanged by maxreduce, padded or allgatherv)
+    out: list[list[Range]] = [[] for _ in range(tp)]
+    for i, a in enumerate(range(0, m, stripe)):
+        out[i % tp].append((a, min(m, a + stripe)))
+    return out
+
+
+_STRATEGY_FUNCS: dict[str, Callable[[int, int, torch.Tensor, int], list[list[Range]]]] = {  # (M, tp, prefix, stripe)
     "contiguous": _contiguous,
     "remainder0": _remainder0,
     "fold": _fold,
     "balanced": _balanced,
+    "striped": _striped,
 }
 
 
@@ -156,6 +168,7 @@ def plan_rows(
     *,
     cost_model: CostModel | None = None,
     num_keys: int | None = None,
+    stripe_rows: int = DEFAULT_STRIPE_ROWS,
 ) -> RowPlan:
     """Split the query rows of one prefill step across ``world_size`` ranks.
 
@@ -163,10 +176,11 @@ def plan_rows(
         row_starts: int ``[M]``, first key of each row's window (tensor or sequence).
         row_ends: int ``[M]``, one past the last key of each row's window.
         world_size: Number of ranks (>= 1).
-        strategy: ``contiguous``, ``remainder0``, ``fold`` or ``balanced``.
+        strategy: ``contiguous``, ``remainder0``, ``fold``, ``balanced`` or ``striped``.
         cost_model: Per-row cost coefficients; the default counts keys plus a constant.
         num_keys: Width ``N`` of the logits rows, for the cost model's width term;
             defaults to ``max(row_ends)``.
+        stripe_rows: Rows per stripe of ``striped``.
 
     Returns:
         The :class:`RowPlan`; every row is owned by exactly one rank.
@@ -174,7 +188,9 @@ def plan_rows(
     Raises:
         ValueError: Unknown strategy, ``world_size < 1`` or mismatched bounds.
     """
-    return plan_candidates(row_starts, row_ends, world_size, (strategy,), cost_model=cost_model, num_keys=num_keys)[0]
+    return plan_candidates(
+        row_starts, row_ends, world_size, (strategy,), cost_model=cost_model, num_keys=num_keys, stripe_rows=stripe_rows
+    )[0]
 
 
 def plan_candidates(
@@ -185,10 +201,13 @@ def plan_candidates(
     *,
     cost_model: CostModel | None = None,
     num_keys: int | None = None,
+    stripe_rows: int = DEFAULT_STRIPE_ROWS,
 ) -> list[RowPlan]:
     """:func:`plan_rows` for several strategies at once, sharing the row costs."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    if isinstance(stripe_rows, bool) or not isinstance(stripe_rows, int) or stripe_rows < 1:
+        raise ValueError(f"stripe_rows must be an int >= 1, got {stripe_rows!r}")
     for strategy in strategies:
         if strategy not in _STRATEGY_FUNCS:
             raise ValueError(f"strategy must be one of {'|'.join(STRATEGIES)}, got {strategy!r}")
@@ -206,7 +225,7 @@ def plan_candidates(
         torch.cumsum(model.row_costs(starts, ends, width), 0, out=prefix[1:])
     plans = []
     for strategy in strategies:
-        pieces = tuple(tuple((a, b) for a, b in rank if b > a) for rank in _STRATEGY_FUNCS[strategy](m, world_size, prefix))
+        pieces = tuple(tuple((a, b) for a, b in rank if b > a) for rank in _STRATEGY_FUNCS[strategy](m, world_size, prefix, stripe_rows))
         bounds = torch.tensor([x for rank in pieces for piece in rank for x in piece] or [0], dtype=torch.int64)
         at = iter(prefix[bounds].tolist())
         costs = tuple(sum(-next(at) + next(at) for _ in rank) for rank in pieces)

@@ -1,7 +1,8 @@
 """DeepGEMM backend (NVIDIA sm90 / sm100): ``deep_gemm.fp8_mqa_logits`` + torch top-k.
 
 Facts this wrapper relies on (DeepGEMM 2.x, measured on an H200): q must be a contiguous
-fp8 e4m3fn ``[M, H, D]`` with H in {32, 64} on sm90 (8..64 on sm100) and D in {32, 64, 128};
+fp8 e4m3fn ``[M, H, D]`` with H in {32, 64} on sm90 (8..64 on sm100) and D in {32, 64, 128}
+(other head counts up to 64 are padded here with zero-weight heads, which changes nothing);
 weights float32 and contiguous (the sm90 kernel assumes a row stride of H); ks/ke int32
 contiguous on the GPU; the output is a non-contiguous ``[M, N]`` view (row stride padded to
 ``N + 256`` rounded up), ``-inf`` outside ``[ks, ke)`` with ``clean_logits=True``. The first
@@ -19,10 +20,33 @@ import torch
 from ...partition import CostModel
 from ...platform import current_platform, platform_for_device
 from ...problem import Problem
-from ..base import Backend
+from ..base import Backend, relative_bounds
 from ..topk_torch import torch_topk
 
 _ARCH_HEADS = {"sm90": (32, 64), "sm100": (8, 16, 32, 64), "sm103": (8, 16, 32, 64)}
+
+
+def padded_heads(heads: int, arch: str) -> int | None:
+    """The head count DeepGEMM runs ``heads`` with on ``arch``: the smallest supported count
+    >= ``heads`` (extra heads get zero weight), or ``None`` when there is none."""
+    fits = [h for h in _ARCH_HEADS.get(arch, ()) if h >= heads]
+    return min(fits) if fits else None
+
+
+def pad_heads(q: torch.Tensor, weights: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad ``q [R, H, D]`` and ``weights [R, H]`` to ``heads`` heads with zero-weight heads.
+
+    A zero weight times relu(dot) >= 0 adds exactly 0 to every logit, so the result is
+    unchanged (bit for bit in any kernel that sums the heads in order).
+    """
+    rows, h, d = q.shape
+    if h == heads:
+        return q, weights
+    q_pad = torch.zeros(rows, heads, d, dtype=q.dtype, device=q.device)
+    q_pad[:, :h] = q
+    w_pad = torch.zeros(rows, heads, dtype=weights.dtype, device=weights.device)
+    w_pad[:, :h] = weights
+    return q_pad, w_pad
 _HEAD_DIMS = (32, 64, 128)
 _INSTALL_HINT = "install DeepGEMM built for your torch (README: 'Vendor backends')"
 
@@ -85,11 +109,18 @@ class DeepGemmBackend(Backend):
             return reasons
         if problem.fp8_dtype != torch.float8_e4m3fn:
             reasons.append(f"needs float8_e4m3fn q/k, got {problem.fp8_dtype}")
-        if heads is not None and problem.num_heads not in heads:
-            reasons.append(f"H={problem.num_heads} heads unsupported on {plat.arch} (supported: {heads})")
+        if heads is not None and padded_heads(problem.num_heads, plat.arch) is None:
+            reasons.append(f"H={problem.num_heads} heads: more than the {max(heads)} DeepGEMM runs on {plat.arch}")
         if problem.head_dim not in _HEAD_DIMS:
             reasons.append(f"head dim D={problem.head_dim} not in {_HEAD_DIMS}")
         return reasons
+
+    def notes(self, problem: Problem) -> list[str]:
+        arch = platform_for_device(problem.device).arch if problem.device.type == "cuda" else "sm90"
+        hp = padded_heads(problem.num_heads, arch)
+        if hp is not None and hp != problem.num_heads:
+            return [f"H={problem.num_heads} padded to {hp} heads with zero weights (DeepGEMM on {arch} runs {_ARCH_HEADS[arch]})"]
+        return []
 
     def chunk_bytes(self, rows: torch.Tensor, width: torch.Tensor, problem: Problem) -> torch.Tensor:
         # DeepGEMM's padded float32 rows, the top-k's compare mask and value/index outputs
@@ -101,10 +132,13 @@ class DeepGemmBackend(Backend):
             raise RuntimeError(why)
         a, b = rows
         lo, hi = cols
-        ks = (problem.row_starts[a:b] - lo).to(torch.int32).contiguous()
-        ke = (problem.row_ends[a:b] - lo).to(torch.int32).contiguous()
+        ks, ke = relative_bounds(problem, rows, cols)
         kv = (problem.k[lo:hi].contiguous(), problem.k_scale[lo:hi].contiguous())
-        return fn(problem.q[a:b].contiguous(), kv, problem.weights[a:b].contiguous(), ks, ke)
+        q, w = problem.q[a:b].contiguous(), problem.weights[a:b].contiguous()
+        hp = padded_heads(problem.num_heads, platform_for_device(problem.device).arch)
+        if hp is not None and hp != problem.num_heads:
+            q, w = pad_heads(q, w, hp)
+        return fn(q, kv, w, ks, ke)
 
     def topk(self, problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
         torch_topk(problem, logits, rows, lo, out)

@@ -26,7 +26,7 @@ import torch
 from ...partition import CostModel
 from ...platform import current_platform, platform_for_device
 from ...problem import Problem
-from ..base import Backend
+from ..base import Backend, relative_bounds
 from ..topk_torch import torch_topk
 
 LOGITS_MODULES = ("aiter.ops.triton.attention.fp8_mqa_logits", "aiter.ops.triton.fp8_mqa_logits")
@@ -136,8 +136,7 @@ class AiterBackend(Backend):
             raise RuntimeError(api.error)
         a, b = rows
         lo, hi = cols
-        starts = (problem.row_starts[a:b] - lo).to(torch.int32).contiguous()
-        ends = (problem.row_ends[a:b] - lo).to(torch.int32).contiguous()
+        starts, ends = relative_bounds(problem, rows, cols)
         return api.logits(
             problem.q[a:b].contiguous(), problem.k[lo:hi].contiguous(), problem.k_scale[lo:hi].contiguous(),
             problem.weights[a:b].contiguous(), starts, ends,
@@ -148,9 +147,7 @@ class AiterBackend(Backend):
         if api.topk is None:  # older AITER without a prefill top-k
             torch_topk(problem, logits, rows, lo, out)
             return
-        a, b = rows
-        starts = (problem.row_starts[a:b] - lo).to(torch.int32).contiguous()
-        ends = (problem.row_ends[a:b] - lo).to(torch.int32).contiguous()
+        starts, ends = relative_bounds(problem, rows, (lo, lo + logits.shape[1]))
         _call_topk(api, logits, starts, ends, out, problem.topk)
         if _topk_is_absolute(logits.device):
             out.copy_(torch.where(out >= 0, out - starts[:, None], out))

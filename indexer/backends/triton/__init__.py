@@ -14,7 +14,7 @@ import torch
 from ...partition import CostModel
 from ...platform import platform_for_device
 from ...problem import Problem
-from ..base import Backend
+from ..base import Backend, relative_bounds
 from ..topk_torch import torch_topk
 
 _HEAD_DIMS = (32, 64, 128)
@@ -55,8 +55,7 @@ class TritonBackend(Backend):
     def logits(self, problem: Problem, rows: tuple[int, int], cols: tuple[int, int], workspace: torch.Tensor) -> torch.Tensor:
         a, b = rows
         lo, hi = cols
-        starts = (problem.row_starts[a:b] - lo).to(torch.int32)
-        ends = (problem.row_ends[a:b] - lo).to(torch.int32)
+        starts, ends = relative_bounds(problem, rows, cols)
         return _kmod().mqa_logits(
             problem.q[a:b], problem.k[lo:hi], problem.k_scale[lo:hi], problem.weights[a:b], starts, ends, out=workspace
         )
