@@ -156,3 +156,40 @@ def test_bad_inputs_rejected():
         K.mqa_logits(q.float(), k.float(), ks, w, s, e)
     with pytest.raises(ValueError):
         K.mqa_logits(q, k, ks, w, s, e, out=torch.empty(2, 15, device=DEVICE))
+
+
+@pytest.mark.parametrize("H,D", [(2, 32), (8, 64), (16, 32), (4, 128)])
+@pytest.mark.parametrize("block_n", [32, 128])
+def test_fused_kernel_matches_reference(monkeypatch, H, D, block_n):
+    """The fused kernel (all heads of 128/H rows in one MMA operand): several row blocks,
+    key tiles outside a block's union (-inf fill), packed requests and empty rows."""
+    assert K.fused_supported(H)
+    monkeypatch.setitem(K.FUSED_CONFIGS, (H, D), (block_n, 4, 2))
+    N = 190
+    windows = ([(0, 20 + i) for i in range(40)] + [(120 + i, 150 + i) for i in range(30)]
+               + [(170, 170), (171, 190), (189, 190), (0, 0)])
+    M = len(windows)
+    q, k, ks, w, s, e = _make_inputs(M, N, H, D, windows, seed=H + D)
+    out = K.mqa_logits(q, k, ks, w, s, e)
+    ref, valid = _reference(q, k, ks, w, s, e)
+    _check(out, ref, valid)
+    # the per-head kernel computes the same function
+    other = K.mqa_logits(q, k, ks, w, s, e, force_per_head=True)
+    _check(other, ref, valid)
+
+
+def test_fused_kernel_into_poisoned_row_slice():
+    M, N, H, D = 21, 133, 4, 32
+    windows = _packed_windows(N, [60, 73], [11, 10])
+    q, k, ks, w, s, e = _make_inputs(M, N, H, D, windows, seed=2)
+    ws = torch.full((M + 9, N + 7), float("nan"), device=DEVICE)
+    view = ws[4:4 + M, :N]
+    K.mqa_logits(q, k, ks, w, s, e, out=view)
+    ref, valid = _reference(q, k, ks, w, s, e)
+    _check(view, ref, valid)
+    wsc = ws.cpu()
+    assert torch.isnan(wsc[:4]).all() and torch.isnan(wsc[4 + M:]).all() and torch.isnan(wsc[4:4 + M, N:]).all()
+
+
+def test_fused_only_for_power_of_two_heads():
+    assert [h for h in range(1, 130) if K.fused_supported(h)] == [1, 2, 4, 8, 16, 32, 64, 128]

@@ -27,9 +27,51 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=None, help="write the rows as JSON here")
+    p.add_argument("--tune-triton", action="store_true",
+                   help="time every fused Triton config for this H, D on the largest --context and print the best "
+                        "(configs are a fixed table per (H, D), not a per-process autotune: see triton/_kernels.py)")
+
+
+def tune_triton(args: argparse.Namespace) -> int:
+    """Time each (BLOCK_N, num_warps, num_stages) of the fused Triton kernel, side by side."""
+    from ..backends.triton import _kernels as tk
+    from ..synthetic import make_inputs
+
+    device = torch.device(args.device)
+    n = max(int(x) for x in args.context.split(","))
+    m = min(args.rows, n)
+    inp = make_inputs([n], [m], args.heads, args.head_dim, device, seed=n)
+    out = torch.empty(m, n, dtype=torch.float32, device=device)
+    key = (args.heads, args.head_dim)
+    saved = tk.FUSED_CONFIGS.get(key)
+    rows = []
+    try:
+        for block_n in (32, 64, 128):
+            for warps in (4, 8):
+                for stages in (1, 2, 3):
+                    tk.FUSED_CONFIGS[key] = (block_n, warps, stages)
+                    try:
+                        ms = median_ms(lambda: tk.mqa_logits(*inp.args(), out=out), device, warmup=1, repeats=args.repeats)
+                    except Exception as exc:  # noqa: BLE001 - a config that does not compile is a row too
+                        rows.append(dict(block_n=block_n, warps=warps, stages=stages, ms=None, note=str(exc)[:50]))
+                        continue
+                    rows.append(dict(block_n=block_n, warps=warps, stages=stages, ms=ms, note=""))
+    finally:
+        if saved is None:
+            tk.FUSED_CONFIGS.pop(key, None)
+        else:
+            tk.FUSED_CONFIGS[key] = saved
+    rows.sort(key=lambda r: float("inf") if r["ms"] is None else r["ms"])
+    print(f"fused Triton logits configs, H={args.heads} D={args.head_dim} M={m} N={n} on {device}, median of {args.repeats}")
+    print(table(rows, [("block_n", "BLOCK_N", "d"), ("warps", "warps", "d"), ("stages", "stages", "d"), ("ms", "ms", ".3f"), ("note", "note", "s")]))
+    best = rows[0]
+    print(f"best: FUSED_CONFIGS[({args.heads}, {args.head_dim})] = ({best['block_n']}, {best['warps']}, {best['stages']})")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.tune_triton:
+        return tune_triton(args)
     from ..backends import get_backend
     from ..platform import platform_for_device
     from ..problem import validate

@@ -117,6 +117,75 @@ if triton is not None:
             tl.store(out_ptrs, acc, mask=store_mask)
 
 
+    @triton.jit
+    def _mqa_logits_fused_kernel(
+        q_ptr, k_ptr, k_scale_ptr, w_ptr, starts_ptr, ends_ptr, out_ptr,
+        M, N,
+        stride_qm,
+        stride_kn,
+        stride_wm,
+        stride_om,
+        H: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK_Q: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
+        # One program owns BLOCK_Q query rows, all H heads of each: their q vectors form one
+        # [BLOCK_Q * H, D] MMA operand (128 rows, as DeepGEMM tiles it), loaded once and
+        # kept for the whole walk over the key tiles of the rows' window union. Each K
+        # tile is loaded once per program and serves BLOCK_Q * H dot products.
+        pid = tl.program_id(0)
+        rows = pid * BLOCK_Q + tl.arange(0, BLOCK_Q)
+        rmask = rows < M
+        starts = tl.load(starts_ptr + rows, mask=rmask, other=0)
+        ends = tl.load(ends_ptr + rows, mask=rmask, other=0)
+        nonempty = rmask & (starts < ends)
+        lo = tl.min(tl.where(nonempty, starts, N), axis=0)
+        hi = tl.max(tl.where(nonempty, ends, 0), axis=0)
+
+        qh = tl.arange(0, BLOCK_Q * H)
+        q_row = (pid * BLOCK_Q + qh // H).to(tl.int64)
+        q_head = qh % H
+        qmask = q_row < M
+        offs_d = tl.arange(0, D)
+        q = tl.load(q_ptr + q_row[:, None] * stride_qm + q_head[:, None] * D + offs_d[None, :],
+                    mask=qmask[:, None], other=0.0)
+        w = tl.load(w_ptr + q_row * stride_wm + q_head, mask=qmask, other=0.0)
+
+        rows64 = rows.to(tl.int64)
+        for n0 in range(0, N, BLOCK_N):
+            cols = n0 + tl.arange(0, BLOCK_N)
+            cmask = cols < N
+            ptrs = out_ptr + rows64[:, None] * stride_om + cols[None, :]
+            smask = rmask[:, None] & cmask[None, :]
+            if (n0 >= hi) | (n0 + BLOCK_N <= lo):
+                tl.store(ptrs, tl.full((BLOCK_Q, BLOCK_N), float("-inf"), tl.float32), mask=smask)
+            else:
+                k_tile = tl.load(k_ptr + cols.to(tl.int64)[:, None] * stride_kn + offs_d[None, :],
+                                 mask=cmask[:, None], other=0.0)
+                sc = tl.dot(q, tl.trans(k_tile), out_dtype=tl.float32)
+                sc = tl.maximum(sc, 0.0) * w[:, None]
+                logit = tl.sum(tl.reshape(sc, (BLOCK_Q, H, BLOCK_N)), axis=1)
+                scale = tl.load(k_scale_ptr + cols, mask=cmask, other=0.0)
+                logit = logit * scale[None, :]
+                valid = (cols[None, :] >= starts[:, None]) & (cols[None, :] < ends[:, None])
+                tl.store(ptrs, tl.where(valid, logit, float("-inf")), mask=smask)
+
+
+# Fused-kernel launch configs, one per (H, D), never per chunk: the head sum's reduction
+# order follows the tile layout, so a config picked per chunk shape (or by a per-process
+# autotune that timing noise can sway) could give a row different bits on different ranks
+# and break sharded == replicated. (BLOCK_N, num_warps, num_stages); untuned defaults.
+FUSED_CONFIGS: dict[tuple[int, int], tuple[int, int, int]] = {}
+_FUSED_DEFAULT = (128, 8, 2)
+_FUSED_ROWS = 128  # BLOCK_Q * H: the MMA's M dimension
+
+
+def fused_supported(heads: int) -> bool:
+    """Whether the fused kernel runs ``heads`` (a power of two, at most 128)."""
+    return 0 < heads <= _FUSED_ROWS and heads & (heads - 1) == 0
+
+
 def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
@@ -139,13 +208,17 @@ def mqa_logits(q: torch.Tensor,
                weights: torch.Tensor,
                row_starts: torch.Tensor,
                row_ends: torch.Tensor,
-               out: Optional[torch.Tensor] = None) -> torch.Tensor:
+               out: Optional[torch.Tensor] = None,
+               force_per_head: bool = False) -> torch.Tensor:
     """Indexer logits ``[M, N]`` (float32, ``-inf`` outside each row window).
 
     q: fp8 [M, H, D]; k: fp8 [N, D] (same dtype); k_scale: float32 [N];
     weights: float32 [M, H]; row_starts / row_ends: int32 [M] with
     ``0 <= start <= end <= N``.  ``out`` may be a float32 [M, N] view whose
     rows are strided (row stride >= N) but whose columns are contiguous.
+
+    H a power of two (<= 128) runs the fused kernel (all heads of 128/H rows in one
+    MMA operand); other H, or ``force_per_head``, the per-head loop kernel.
     """
     ok, why = is_available()
     if not ok:
@@ -189,6 +262,25 @@ def mqa_logits(q: torch.Tensor,
     k_scale = k_scale.to(torch.float32).contiguous()
     row_starts = row_starts.to(torch.int32).contiguous()
     row_ends = row_ends.to(torch.int32).contiguous()
+
+    if fused_supported(H) and not force_per_head:
+        q3 = q.contiguous()
+        block_q = _FUSED_ROWS // H
+        block_n, num_warps, num_stages = FUSED_CONFIGS.get((H, D), _FUSED_DEFAULT)
+
+        def _launch_fused():
+            _mqa_logits_fused_kernel[(triton.cdiv(M, block_q),)](
+                q3, k, k_scale, weights, row_starts, row_ends, out,
+                M, N, q3.stride(0), k.stride(0), weights.stride(0), out.stride(0),
+                H=H, D=D, BLOCK_Q=block_q, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
+            )
+
+        if q.is_cuda:
+            with torch.cuda.device(q.device):
+                _launch_fused()
+        else:
+            _launch_fused()
+        return out
 
     block_m, block_n, num_warps, num_stages = _pick_config(M, N, D)
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
