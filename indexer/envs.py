@@ -122,6 +122,19 @@ BACKEND = _declare(
         per_platform=True,
     )
 )
+TOPK = _declare(
+    Flag(
+        "TOPK",
+        _choice("torch", "triton"),
+        "torch",
+        "Top-k kernel of the deepgemm and triton backends (and aiter where AITER has none): "
+        "'torch' (torch.topk, lowest-index ties) or 'triton' (our radix-select kernel that "
+        "reads each row's window only; same tie rule, same sets). The torch backend always "
+        "uses torch.topk: it is the reference.",
+        choices=("torch", "triton"),
+        per_platform=True,
+    )
+)
 MAX_LOGITS_MB = _declare(
     Flag(
         "MAX_LOGITS_MB",

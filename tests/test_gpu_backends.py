@@ -174,3 +174,24 @@ def test_needles_on_gpus_sharded_equal_replicated():
     for exact, found in run_ranks(_needle_rank, world, backend="nccl", timeout=600):
         assert found, "a row lost a needle key"
         assert all(exact.values()), exact
+
+
+@pytest.mark.cuda
+def test_radix_topk_equals_torch_topk_on_deepgemm_logits():
+    ok, why = _have("deepgemm")
+    if not ok:
+        pytest.skip(why)
+    from indexer.backends.topk_torch import row_topk
+    from indexer.backends.triton._topk import ragged_topk
+
+    inp = make_inputs([70000], [4096], heads=64, head_dim=128, device="cuda", seed=4)
+    problem = _problem(inp, 2048)
+    m, n = problem.num_rows, problem.num_keys
+    logits = get_backend("deepgemm").logits(problem, (0, m), (0, n), None)  # padded rows
+    starts = inp.row_starts.long()
+    lengths = inp.row_ends.long() - starts
+    a = torch.empty(m, 2048, dtype=torch.int32, device="cuda")
+    b = torch.empty_like(a)
+    row_topk(logits, starts, lengths, 2048, a)
+    ragged_topk(logits, starts, lengths, 2048, b)
+    assert torch.equal(a.sort(1).values, b.sort(1).values)

@@ -15,11 +15,29 @@ from ..problem import Problem
 
 
 def torch_topk(problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
-    """:meth:`Backend.topk` with torch.topk, shared by every backend without a faster one."""
+    """:meth:`Backend.topk` with torch.topk (the reference's top-k)."""
     a, b = rows
     starts = problem.row_starts[a:b].to(torch.int64)
     lengths = problem.row_ends[a:b].to(torch.int64) - starts
     row_topk(logits, starts - lo, lengths, problem.topk, out)
+
+
+def chosen_topk(problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
+    """:meth:`Backend.topk` of the GPU backends: torch.topk or the Triton radix kernel,
+    as ``INDEXER_TOPK`` says. Both select the same set from the same logits."""
+    from .. import envs
+    from ..platform import platform_for_device
+
+    if envs.value("TOPK", platform_for_device(problem.device).key) == "triton":
+        from .triton._topk import ragged_topk
+
+        a, b = rows
+        starts = problem.row_starts[a:b].to(torch.int64)
+        lengths = problem.row_ends[a:b].to(torch.int64) - starts
+        # clamp padding rows (empty, anywhere) into the block; they read nothing
+        ragged_topk(logits, (starts - lo).clamp(0, logits.shape[1]), lengths, problem.topk, out)
+        return
+    torch_topk(problem, logits, rows, lo, out)
 
 
 def row_topk(logits: torch.Tensor, starts_rel: torch.Tensor, lengths: torch.Tensor, topk: int, out: torch.Tensor) -> None:

@@ -21,7 +21,7 @@ from ...partition import CostModel
 from ...platform import current_platform, platform_for_device
 from ...problem import Problem
 from ..base import Backend, relative_bounds
-from ..topk_torch import torch_topk
+from ..topk_torch import chosen_topk
 
 _ARCH_HEADS = {"sm90": (32, 64), "sm100": (8, 16, 32, 64), "sm103": (8, 16, 32, 64)}
 
@@ -141,7 +141,7 @@ class DeepGemmBackend(Backend):
         return fn(q, kv, w, ks, ke)
 
     def topk(self, problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
-        torch_topk(problem, logits, rows, lo, out)
+        chosen_topk(problem, logits, rows, lo, out)
 
 
 BACKEND = DeepGemmBackend()

@@ -27,7 +27,7 @@ from ...partition import CostModel
 from ...platform import current_platform, platform_for_device
 from ...problem import Problem
 from ..base import Backend, relative_bounds
-from ..topk_torch import torch_topk
+from ..topk_torch import chosen_topk
 
 LOGITS_MODULES = ("aiter.ops.triton.attention.fp8_mqa_logits", "aiter.ops.triton.fp8_mqa_logits")
 TOPK_MODULE = "aiter.ops.topk"
@@ -145,7 +145,7 @@ class AiterBackend(Backend):
     def topk(self, problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
         api = _load()
         if api.topk is None:  # older AITER without a prefill top-k
-            torch_topk(problem, logits, rows, lo, out)
+            chosen_topk(problem, logits, rows, lo, out)
             return
         starts, ends = relative_bounds(problem, rows, (lo, lo + logits.shape[1]))
         _call_topk(api, logits, starts, ends, out, problem.topk)

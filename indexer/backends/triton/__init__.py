@@ -15,7 +15,7 @@ from ...partition import CostModel
 from ...platform import platform_for_device
 from ...problem import Problem
 from ..base import Backend, relative_bounds
-from ..topk_torch import torch_topk
+from ..topk_torch import chosen_topk
 
 _HEAD_DIMS = (32, 64, 128)
 _AMD_FP8_ARCHS = ("gfx942", "gfx950")
@@ -61,7 +61,7 @@ class TritonBackend(Backend):
         )
 
     def topk(self, problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
-        torch_topk(problem, logits, rows, lo, out)
+        chosen_topk(problem, logits, rows, lo, out)
 
 
 BACKEND = TritonBackend()
