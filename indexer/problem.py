@@ -147,9 +147,9 @@ def validate(
         if not out.is_contiguous():
             raise ValueError("out must be contiguous")
 
-    # One small device-to-host copy: the planner needs the bounds on the host anyway.
-    starts_host = row_starts.to("cpu", torch.int64)
-    ends_host = row_ends.to("cpu", torch.int64)
+    # One small device-to-host copy (one sync): the planner needs the bounds on the host anyway.
+    bounds = torch.stack((row_starts, row_ends)).to("cpu", torch.int64) if m else torch.zeros(2, 0, dtype=torch.int64)
+    starts_host, ends_host = bounds[0], bounds[1]
     if m:
         bad = torch.nonzero(starts_host < 0)
         if bad.numel():

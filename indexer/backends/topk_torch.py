@@ -19,7 +19,7 @@ def torch_topk(problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo
     a, b = rows
     starts = problem.row_starts[a:b].to(torch.int64)
     lengths = problem.row_ends[a:b].to(torch.int64) - starts
-    row_topk(logits, starts - lo, lengths, problem.topk, out)
+    row_topk(logits, starts - lo, lengths, problem.topk, out, problem.ends_host[a:b] - problem.starts_host[a:b])
 
 
 def chosen_topk(problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
@@ -40,7 +40,14 @@ def chosen_topk(problem: Problem, logits: torch.Tensor, rows: tuple[int, int], l
     torch_topk(problem, logits, rows, lo, out)
 
 
-def row_topk(logits: torch.Tensor, starts_rel: torch.Tensor, lengths: torch.Tensor, topk: int, out: torch.Tensor) -> None:
+def row_topk(
+    logits: torch.Tensor,
+    starts_rel: torch.Tensor,
+    lengths: torch.Tensor,
+    topk: int,
+    out: torch.Tensor,
+    lengths_host: torch.Tensor | None = None,
+) -> None:
     """Top-k keys of every row of a logits block, as row-relative indices.
 
     Args:
@@ -51,6 +58,7 @@ def row_topk(logits: torch.Tensor, starts_rel: torch.Tensor, lengths: torch.Tens
         topk: Keys kept per row.
         out: int32 ``[R, topk]``; gets indices relative to ``row_starts``, unordered,
             ``-1`` padded when a row has fewer than ``topk`` keys.
+        lengths_host: Optional CPU copy of ``lengths`` (saves a device sync).
     """
     rows, n = logits.shape
     device = logits.device
@@ -58,7 +66,9 @@ def row_topk(logits: torch.Tensor, starts_rel: torch.Tensor, lengths: torch.Tens
     # A row with <= topk keys keeps all of them: its answer needs no logits at all.
     result = torch.where(ar[None, :] < lengths[:, None], ar[None, :], -1)
     long_rows = lengths > topk
-    if n > topk and bool(long_rows.any()):
+    # ask the host copy when there is one: no device sync
+    any_long = bool((lengths_host > topk).any()) if lengths_host is not None else bool(long_rows.any())
+    if n > topk and any_long:
         # k+1 sorted values tell whether the k-th value is tied across the cut without
         # another pass over the block
         vals, idx = torch.topk(logits, topk + 1, dim=1, sorted=True)
