@@ -13,6 +13,7 @@ from . import envs
 from .backends import run_rows, select_backend
 from .collective import (
     RING_STRATEGIES,
+    agreed_cost_model,
     GroupCaps,
     ReassemblyError,
     check_consistency,
@@ -23,7 +24,6 @@ from .collective import (
     reassemble,
 )
 from .partition import DEFAULT_STRIPE_ROWS, RowPlan, plan_candidates
-from .partition.calibration import cost_model_for
 from .platform import platform_for_device
 from .problem import validate
 
@@ -173,27 +173,31 @@ def prefill_topk_with_info(
         world, rank = dist.get_world_size(group), dist.get_rank(group)
     m = problem.num_rows
     info = StepInfo(chosen.name, False, world, rank, notes=tuple(chosen.notes(problem)))
+    stripe = envs.value("TP_SHARD_STRIPE_ROWS", key)
+    shard = world > 1 and shard_on and m >= min_rows * world
+    if check and world > 1:
+        # before anything that only sharding ranks do, so disagreeing ranks raise, not hang
+        digest = fingerprint(
+            problem.shape_key(), str(problem.fp8_dtype), chosen.name, shard, strategy_req, reassembly_req, stripe,
+            tensors=(problem.starts_host, problem.ends_host),
+        )
+        check_consistency(
+            digest, group, problem.device,
+            "(M, N, H, D, topk, dtype, backend, row bounds, whether to shard, strategy, reassembly, stripe rows)",
+        )
     plan = None
     if world == 1:
         info.reason = "no tensor-parallel group"
     elif not shard_on:
         info.reason = "sharding disabled (INDEXER_TP_SHARD / tp_shard)"
-    elif m < min_rows * world:
+    elif not shard:
         info.reason = f"M={m} < min_rows_per_rank {min_rows} x tp {world}: replicated"
     else:
         caps = probe_group(group, problem.device)
-        model, _ = cost_model_for(chosen, platform.arch)
-        stripe = envs.value("TP_SHARD_STRIPE_ROWS", key)
+        model = agreed_cost_model(group, problem.device, chosen, platform.arch)
         plan, mode = choose_plan(problem, model, caps, strategy_req, reassembly_req, stripe)
         info.sharded, info.plan, info.reassembly = True, plan, mode
         info.reason = f"sharded: {plan.describe()}, reassembly {mode}"
-    if check and world > 1:
-        digest = fingerprint(
-            problem.shape_key(), str(problem.fp8_dtype), chosen.name, info.sharded,
-            plan.pieces if plan else None, info.reassembly,
-            tensors=(problem.starts_host, problem.ends_host),
-        )
-        check_consistency(digest, group, problem.device, "(M, N, H, D, topk, dtype, backend, row bounds, plan)")
     log.debug("prefill_topk M=%d N=%d backend=%s: %s", m, problem.num_keys, chosen.name, info.reason)
 
     result = out if out is not None else torch.empty(m, topk, dtype=torch.int32, device=problem.device)

@@ -48,8 +48,8 @@ def _parse_int_at_least_one(text: str) -> int:
 
 def _parse_positive_float(text: str) -> float:
     value = float(text.strip())
-    if not value > 0:
-        raise ValueError("expected a number > 0")
+    if not 0 < value < float("inf"):
+        raise ValueError("expected a finite number > 0")
     return value
 
 
@@ -218,9 +218,9 @@ CHECK_CONSISTENCY = _declare(
         "CHECK_CONSISTENCY",
         _parse_bool,
         False,
-        "Before the exchange, all-reduce a fingerprint of (M, N, H, D, topk, plan) and "
-        "raise naming the disagreeing ranks instead of hanging or returning garbage. "
-        "Costs one small collective per call.",
+        "Before any collective, all-gather a fingerprint of the step (shapes, dtype, backend, "
+        "row bounds, sharding settings) and raise naming the disagreeing ranks instead of "
+        "hanging or returning garbage. Costs one small collective and a sync per call.",
         type_name="bool",
     )
 )

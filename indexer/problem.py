@@ -147,6 +147,12 @@ def validate(
         if not out.is_contiguous():
             raise ValueError("out must be contiguous")
 
+    # NaN or inf scales would make logits that no top-k can rank (ties at -inf would reach
+    # outside the row's window); fp8 q/k carry no inf, and their NaN codes are the caller's
+    for name, t in (("k_scale", k_scale), ("weights", weights)):
+        if t.numel() and not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{name} must be finite (no NaN or inf)")
+
     # One small device-to-host copy (one sync): the planner needs the bounds on the host anyway.
     bounds = torch.stack((row_starts, row_ends)).to("cpu", torch.int64) if m else torch.zeros(2, 0, dtype=torch.int64)
     starts_host, ends_host = bounds[0], bounds[1]

@@ -5,7 +5,11 @@ blocks of ever-changing sizes (upstream, that fragmentation killed a 231K-token 
 Here each device owns one flat buffer of a fixed size, set by the byte budget
 (``INDEXER_MAX_LOGITS_MB``, capped at the 2^31-byte chunk limit), allocated at the first
 chunk that needs it and reused by every later chunk, layer and call. It is re-allocated only
-if the budget changes.
+if the budget changes (or a single row needs more than the budget allows).
+
+One buffer per device *and stream* (per thread on the CPU): calls on different CUDA streams
+never share logits. Calls from several threads on one stream do, so they are not supported
+(as with any library that keeps a workspace per stream).
 """
 
 from __future__ import annotations
@@ -22,7 +26,13 @@ MAX_CHUNK_BYTES = 2**31 - 1
 failed past 2 GiB upstream)."""
 
 _lock = threading.Lock()
-_buffers: dict[torch.device, torch.Tensor] = {}
+_buffers: dict[tuple[torch.device, int], tuple[torch.Tensor, int]] = {}  # -> (buffer, budget bytes)
+
+
+def _owner(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.current_stream(device).cuda_stream
+    return threading.get_ident()
 
 
 def workspace_numel(budget_bytes: int) -> int:
@@ -40,23 +50,28 @@ def logits_workspace(device: torch.device, numel: int, budget_bytes: int) -> tor
         budget_bytes: The byte budget the workspace is sized by.
     """
     device = torch.device(device)
-    size = max(workspace_numel(budget_bytes), numel)
+    key = (device, _owner(device))
     with _lock:
-        buf = _buffers.get(device)
-        if buf is None or buf.numel() != size:
-            if buf is not None:
-                log.info("indexer: re-allocating the %s logits workspace: %d -> %d MiB", device, buf.numel() * 4 >> 20, size * 4 >> 20)
-            _buffers.pop(device, None)
-            del buf  # free the old block before taking the new one
-            buf = torch.empty(size, dtype=torch.float32, device=device)
-            _buffers[device] = buf
+        held = _buffers.get(key)
+        if held is None or held[1] != budget_bytes or held[0].numel() < numel:
+            if held is not None:
+                log.info("indexer: re-allocating the %s logits workspace (%d MiB held)", device, held[0].numel() * 4 >> 20)
+            _buffers.pop(key, None)
+            del held  # free the old block before taking the new one
+            buf = torch.empty(max(workspace_numel(budget_bytes), numel), dtype=torch.float32, device=device)
+            _buffers[key] = (buf, budget_bytes)
+        else:
+            buf = held[0]
         return buf[:numel]
 
 
 def workspace_bytes() -> dict[str, int]:
     """Bytes held by each device's workspace, for ``python -m indexer info``."""
+    out: dict[str, int] = {}
     with _lock:
-        return {str(d): b.numel() * 4 for d, b in _buffers.items()}
+        for (d, _), (b, _) in _buffers.items():
+            out[str(d)] = out.get(str(d), 0) + b.numel() * 4
+    return out
 
 
 def release_workspaces() -> None:

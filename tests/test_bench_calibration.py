@@ -86,3 +86,12 @@ def test_bench_kernels_cpu(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     (row,) = json.loads(out.read_text())
     assert row["backend"] == "torch" and row["exact"] == 1.0 and row["valid"] == 1.0
+
+
+@pytest.mark.parametrize("entry", [{"per_key": 1000, "per_row": 5}, {"per_key": 1.7, "per_width": 0, "per_row": 5}, {"per_key": "3", "per_width": 0, "per_row": 5}])
+def test_malformed_calibration_entry_is_a_clear_error(tmp_path, monkeypatch, entry):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"torch@cpu": entry}))
+    monkeypatch.setenv("INDEXER_COST_MODEL_FILE", str(path))
+    with pytest.raises(ValueError, match="torch@cpu"):
+        load_calibration("torch", "cpu")

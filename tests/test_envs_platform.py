@@ -33,7 +33,9 @@ def test_precedence(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "name,raw", [("TP_SHARD", "maybe"), ("TP_SHARD_STRATEGY", "zigzag"), ("TP_SHARD_MIN_ROWS", "-1"), ("MAX_LOGITS_MB", "0"), ("REASSEMBLY", "")]
+    "name,raw",
+    [("TP_SHARD", "maybe"), ("TP_SHARD_STRATEGY", "zigzag"), ("TP_SHARD_MIN_ROWS", "-1"), ("MAX_LOGITS_MB", "0"),
+     ("MAX_LOGITS_MB", "inf"), ("MAX_LOGITS_MB", "1e400"), ("TP_SHARD_STRIPE_ROWS", "0"), ("TOPK", "heap"), ("REASSEMBLY", "")]
 )
 def test_bad_values_list_allowed(monkeypatch, name, raw):
     flag = envs.get_flag(name)

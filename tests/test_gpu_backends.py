@@ -88,14 +88,14 @@ def test_auto_dispatch_picks_deepgemm_on_hopper():
     assert info.backend == "deepgemm"
 
 
-def _nccl_rank(rank, world, name):
+def _nccl_rank(rank, world, name, heads):
     import torch.distributed as dist
 
-    inp = make_inputs([5000, 1200], [2000, 1200], heads=64, head_dim=128, device=f"cuda:{rank}", seed=7)
+    inp = make_inputs([5000, 1200], [2000, 1200], heads=heads, head_dim=128, device=f"cuda:{rank}", seed=7)
     ref = indexer.prefill_topk(*inp.args(), 512, backend=name)
     out = {}
-    for strategy in ("contiguous", "remainder0", "fold", "balanced", "auto"):
-        for mode in ("allgatherv", "ring", "padded", "auto"):
+    for strategy in ("contiguous", "remainder0", "fold", "balanced", "striped", "auto"):
+        for mode in ("allgatherv", "ring", "padded", "maxreduce", "auto"):
             if mode == "ring" and strategy not in ("remainder0", "fold"):
                 continue
             res, info = indexer.prefill_topk_with_info(
@@ -107,15 +107,15 @@ def _nccl_rank(rank, world, name):
 
 @pytest.mark.cuda
 @pytest.mark.multi_gpu
-@pytest.mark.parametrize("name", ["deepgemm", "triton", "torch"])
-def test_nccl_sharded_equals_replicated(name):
+@pytest.mark.parametrize("name,heads", [("deepgemm", 64), ("deepgemm", 48), ("triton", 64), ("triton", 48), ("torch", 64)])
+def test_nccl_sharded_equals_replicated(name, heads):
     ok, why = _have(name)
     if not ok:
         pytest.skip(why)
     from indexer.launch import run_ranks
 
     world = min(torch.cuda.device_count(), 4)
-    results = run_ranks(_nccl_rank, world, name, backend="nccl", timeout=600)
+    results = run_ranks(_nccl_rank, world, name, heads, backend="nccl", timeout=600)
     for key, (exact, mode, res) in results[0].items():
         assert exact, f"{name} {key}: sharded != replicated"
         if key[1] == "auto":

@@ -115,12 +115,12 @@ def test_workspace_allocated_once_and_reused():
     workspace.release_workspaces()
     inp = make_inputs([600, 300], [200, 300], heads=2, head_dim=32, seed=2)
     indexer.prefill_topk(*inp.args(), 16, max_logits_mb=1.0)  # many chunks
-    (first,) = workspace._buffers.values()
+    ((first, _),) = workspace._buffers.values()
     ptr, size = first.data_ptr(), first.numel()
     assert size == workspace.workspace_numel(2**20)
     for seq in ([900], [50, 60, 70]):  # other shapes, other "layers"
         inp = make_inputs(seq, [min(seq[0], 100)] + seq[1:], heads=2, head_dim=32)
         indexer.prefill_topk(*inp.args(), 16, max_logits_mb=1.0)
-    (again,) = workspace._buffers.values()
+    ((again, _),) = workspace._buffers.values()
     assert again.data_ptr() == ptr and again.numel() == size
     workspace.release_workspaces()

@@ -169,3 +169,34 @@ def _fails(rank, world):
 def test_launcher_reports_rank_failures():
     with pytest.raises(RankFailed, match="boom"):
         run_ranks(_fails, 2, timeout=60)
+
+
+def _own_cost_file_rank(rank, world, tmpdir):
+    import json
+    import os
+
+    import torch.distributed as dist
+
+    # every rank reads its own calibration file, and they disagree
+    path = os.path.join(tmpdir, f"costs-{rank}.json")
+    with open(path, "w") as f:
+        json.dump({"torch@cpu": {"per_key": 1000, "per_width": 0, "per_row": 100000 if rank == 0 else 0}}, f)
+    os.environ["INDEXER_COST_MODEL_FILE"] = path
+    inp = _inputs(200, seed=6)
+    out = {}
+    for mode in ("maxreduce", "padded"):
+        res, info = indexer.prefill_topk_with_info(
+            *inp.args(), TOPK, group=dist.group.WORLD, strategy="balanced", reassembly=mode, min_rows_per_rank=0
+        )
+        out[mode] = (res, info.plan.pieces)
+    return out
+
+
+def test_ranks_with_different_cost_files_still_agree(tmp_path):
+    per_rank = run_ranks(_own_cost_file_rank, 2, str(tmp_path), timeout=120)  # a plan mismatch can hang gloo
+    inp = _inputs(200, seed=6)
+    want = indexer.prefill_topk(*inp.args(), TOPK).sort(1).values
+    for mode in ("maxreduce", "padded"):
+        assert per_rank[0][mode][1] == per_rank[1][mode][1], "ranks cut different plans"
+        for r in range(2):
+            assert torch.equal(per_rank[r][mode][0].sort(1).values, want), (mode, r)

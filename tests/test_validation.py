@@ -94,3 +94,28 @@ def test_bad_env_value(monkeypatch):
     monkeypatch.setenv("INDEXER_MAX_LOGITS_MB", "lots")
     with pytest.raises(ValueError, match="INDEXER_MAX_LOGITS_MB"):
         indexer.prefill_topk(**good())
+
+
+@pytest.mark.parametrize("name", ["k_scale", "weights"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_scales_rejected(name, bad):
+    args = good()
+    args[name] = args[name].clone()
+    args[name].view(-1)[3] = bad
+    out = torch.full((M, TOPK), 5, dtype=torch.int32)
+    with pytest.raises(ValueError, match=f"{name} must be finite"):
+        indexer.prefill_topk(**args, out=out)
+    assert (out == 5).all()
+
+
+def test_overflowing_logits_stay_inside_each_window():
+    # finite but huge scales: float32 logits saturate; selected keys stay inside the window
+    inp = make_inputs([400], [60], heads=2, head_dim=32, seed=3)
+    w = torch.full_like(inp.weights, -1e30)
+    ks = torch.full_like(inp.k_scale, 1e30)
+    out = indexer.prefill_topk(inp.q, inp.k, ks, w, inp.row_starts, inp.row_ends, 40)
+    lengths = (inp.row_ends - inp.row_starts).tolist()
+    for m, n in enumerate(lengths):
+        valid = [x for x in out[m].tolist() if x != -1]
+        assert all(0 <= x < n for x in valid), m
+        assert len(valid) == min(40, n)

@@ -86,6 +86,11 @@ class Backend(abc.ABC):
         """
         return rows * width * 4
 
+    def logits_alloc_bytes(self, rows: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
+        """Bytes of the logits block as the kernel allocates it (row padding included); the
+        driver keeps it below 2^31 because kernels index it with 32-bit offsets."""
+        return rows * width * 4
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
 
@@ -116,7 +121,7 @@ def _chunk_end(backend: Backend, problem: Problem, start: int, stop: int, budget
     hi = torch.cummax(torch.where(empty, -1, ends), 0).values
     width = (hi - lo).clamp_min(0)
     count = torch.arange(1, stop - start + 1, dtype=torch.int64)
-    fits = (backend.chunk_bytes(count, width, problem) <= budget) & (count * width * 4 <= MAX_CHUNK_BYTES)
+    fits = (backend.chunk_bytes(count, width, problem) <= budget) & (backend.logits_alloc_bytes(count, width) <= MAX_CHUNK_BYTES)
     # both costs grow with the chunk, so the fitting chunks are a prefix
     take = max(1, int(fits.sum()))
     end = start + take

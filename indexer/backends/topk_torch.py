@@ -77,22 +77,30 @@ def row_topk(
         idx = idx[:, :topk]
         tied_rows = torch.nonzero(tied).flatten()
         if tied_rows.numel():
-            idx[tied_rows] = _lowest_index_topk(logits, tied_rows, kth, topk)
+            idx[tied_rows] = _lowest_index_topk(logits, tied_rows, kth, topk, starts_rel, lengths)
         rel = idx - starts_rel[:, None]
         result = torch.where(long_rows[:, None], rel, result)
     out.copy_(result)
 
 
-def _lowest_index_topk(logits: torch.Tensor, rows: torch.Tensor, kth: torch.Tensor, topk: int) -> torch.Tensor:
-    """Columns of the top-k of ``rows``, ties at the k-th value going to the lowest columns."""
+def _lowest_index_topk(
+    logits: torch.Tensor, rows: torch.Tensor, kth: torch.Tensor, topk: int, starts_rel: torch.Tensor, lengths: torch.Tensor
+) -> torch.Tensor:
+    """Columns of the top-k of ``rows``, ties at the k-th value going to the lowest columns.
+
+    Only columns inside each row's window count, so a tie at ``-inf`` (in-window logits
+    that overflowed) can never pick a column of another row's window."""
     picked = []
     step = max(1, logits.shape[0] // 4)  # bound the temporaries to a fraction of the block
     for i in range(0, rows.numel(), step):
         sel_rows = rows[i : i + step]
         x = logits.index_select(0, sel_rows)
         v = kth.index_select(0, sel_rows)[:, None]
-        above = x > v
-        equal = x == v
+        col = torch.arange(x.shape[1], device=x.device)[None, :]
+        s = starts_rel.index_select(0, sel_rows)[:, None]
+        inside = (col >= s) & (col < s + lengths.index_select(0, sel_rows)[:, None])
+        above = (x > v) & inside
+        equal = (x == v) & inside
         need = topk - above.sum(dim=1, keepdim=True)
         keep = above | (equal & (torch.cumsum(equal, dim=1, dtype=torch.int32) <= need))
         picked.append(torch.nonzero(keep)[:, 1].view(sel_rows.numel(), topk))

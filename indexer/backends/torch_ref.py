@@ -16,6 +16,7 @@ from ..problem import Problem
 from .base import Backend
 from .topk_torch import torch_topk
 
+_F32_MAX = torch.finfo(torch.float32).max
 _COL_BLOCK = 1024
 """Key columns per inner step; bounds the float64 temporaries to ``R x 1024`` (cache-sized: larger blocks ran slower on CPU)."""
 
@@ -51,7 +52,9 @@ class TorchBackend(Backend):
                 s = q[:, h, :] @ kt
                 acc.add_(s.clamp_(min=0).mul_(w[:, h : h + 1]))
             acc.mul_(problem.k_scale[c0:c1].to(torch.float64))
-            out[:, c0 - lo : c1 - lo].copy_(acc)
+            # saturate instead of overflowing to +-inf in float32: inside a window every
+            # logit stays finite, below nothing but the -inf outside it
+            out[:, c0 - lo : c1 - lo].copy_(acc.clamp_(-_F32_MAX, _F32_MAX))
         col = torch.arange(lo, hi, device=out.device)
         starts = problem.row_starts[a:b, None]
         ends = problem.row_ends[a:b, None]

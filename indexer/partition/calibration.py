@@ -2,8 +2,9 @@
 
 ``python -m indexer bench calibrate`` times a backend on the current device and writes its
 coefficients under the key ``"<backend>@<arch>"``; :func:`cost_model_for` returns them to the
-planner (``auto`` and ``balanced``), falling back to the backend's built-in default. Every rank
-must read the same file (the consistency guard catches ranks that do not).
+planner (``auto`` and ``balanced``), falling back to the backend's built-in default. Ranks
+may read different files: :func:`indexer.collective.agreed_cost_model` makes the whole group
+use rank 0's model.
 """
 
 from __future__ import annotations
@@ -49,10 +50,18 @@ def _read_file(path: str, mtime_ns: int) -> dict:
 
 def load_calibration(backend: str, arch: str) -> CostModel | None:
     """The calibrated model of ``backend`` on ``arch``, or ``None`` when none is stored."""
-    entry = _read(calibration_path()).get(f"{backend}@{arch}")
+    path = calibration_path()
+    entry = _read(path).get(f"{backend}@{arch}")
     if not entry:
         return None
-    return CostModel(per_key=int(entry["per_key"]), per_width=int(entry["per_width"]), per_row=int(entry["per_row"]))
+    try:
+        values = {k: entry[k] for k in ("per_key", "per_width", "per_row")}
+        return CostModel(**values)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(
+            f"cost model file {path}: entry '{backend}@{arch}' needs integer per_key, per_width and per_row >= 0 "
+            f"({type(exc).__name__}: {exc}); fix or delete it (INDEXER_COST_MODEL_FILE)"
+        ) from None
 
 
 def cost_model_for(backend: object, arch: str) -> tuple[CostModel, str]:

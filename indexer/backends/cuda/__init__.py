@@ -126,6 +126,10 @@ class DeepGemmBackend(Backend):
         # DeepGEMM's padded float32 rows, the top-k's compare mask and value/index outputs
         return rows * (_align(width + 256, 256) * 4 + width + 12 * problem.topk)
 
+    def logits_alloc_bytes(self, rows: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
+        # rows padded to N + 256 rounded to 256 columns, row count to the q block (<= 16)
+        return _align(rows, 16) * _align(width + 256, 256) * 4
+
     def logits(self, problem: Problem, rows: tuple[int, int], cols: tuple[int, int], workspace: torch.Tensor | None) -> torch.Tensor:
         fn, why = _load()
         if fn is None:

@@ -86,7 +86,7 @@ def _topk_is_absolute(device: torch.device) -> bool:
     listed, so absolute indices start at 3000 and relative ones at 0.
     """
     api = _load()
-    logits = torch.randn(1, 4096, device=device)
+    logits = torch.linspace(-1.0, 1.0, 4096, device=device)[None, :]  # deterministic, no RNG draw
     out = torch.full((1, _FIXED_K), -1, dtype=torch.int32, device=device)
     starts = torch.tensor([3000], dtype=torch.int32, device=device)
     ends = torch.tensor([4096], dtype=torch.int32, device=device)
@@ -129,6 +129,13 @@ class AiterBackend(Backend):
         if api.topk is not None and not api.topk_has_k and problem.topk != _FIXED_K:
             reasons.append(f"this AITER's top_k_per_row_prefill is fixed at k={_FIXED_K}, topk={problem.topk}")
         return reasons
+
+    def chunk_bytes(self, rows: torch.Tensor, width: torch.Tensor, problem: Problem) -> torch.Tensor:
+        # AITER's padded float32 rows, the top-k's output
+        return self.logits_alloc_bytes(rows, width) + rows * 8 * problem.topk
+
+    def logits_alloc_bytes(self, rows: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
+        return rows * ((width + 255) // 256 * 256) * 4  # AITER pads rows to 256 columns
 
     def logits(self, problem: Problem, rows: tuple[int, int], cols: tuple[int, int], workspace: torch.Tensor | None) -> torch.Tensor:
         api = _load()

@@ -191,15 +191,14 @@ def _next_pow2(x: int) -> int:
 
 
 def _pick_config(M: int, N: int, D: int) -> Tuple[int, int, int, int]:
-    """Heuristic (BLOCK_M, BLOCK_N, num_warps, num_stages)."""
-    # tl.dot needs every dim >= 16; Hopper wgmma prefers BLOCK_M >= 64.
-    block_m = min(64, max(16, _next_pow2(M)))
-    block_n = 128 if N > 64 else 64
-    if D >= 128 and block_m >= 64:
-        num_warps = 8
-    else:
-        num_warps = 4
-    return block_m, block_n, num_warps, 2
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the per-head kernel.
+
+    A function of D only, never of the chunk's M or N: a smaller tile can lower to another
+    MMA instruction (mma.sync rather than wgmma below 64 rows) that may round differently,
+    and a rank's last chunk is often small, so a per-chunk choice could give a row other
+    bits on another rank. Short chunks pay for masked rows instead.
+    """
+    return 64, 128, 8 if D >= 128 else 4, 2
 
 
 def mqa_logits(q: torch.Tensor,
