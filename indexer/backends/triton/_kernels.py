@@ -52,6 +52,16 @@ def is_available() -> Tuple[bool, str]:
 if triton is not None:
 
     @triton.jit
+    def _row_windows(starts_ptr, ends_ptr, rows, rmask, N):
+        """The rows' windows and ``[lo, hi)``, the union of the non-empty ones."""
+        starts = tl.load(starts_ptr + rows, mask=rmask, other=0)
+        ends = tl.load(ends_ptr + rows, mask=rmask, other=0)
+        nonempty = rmask & (starts < ends)
+        lo = tl.min(tl.where(nonempty, starts, N), axis=0)
+        hi = tl.max(tl.where(nonempty, ends, 0), axis=0)
+        return starts, ends, lo, hi
+
+    @triton.jit
     def _mqa_logits_kernel(
         q_ptr, k_ptr, k_scale_ptr, w_ptr, starts_ptr, ends_ptr, out_ptr,
         M, N, H,
@@ -72,12 +82,7 @@ if triton is not None:
         m_mask = offs_m < M
         n_mask = offs_n < N
 
-        starts = tl.load(starts_ptr + offs_m, mask=m_mask, other=0)
-        ends = tl.load(ends_ptr + offs_m, mask=m_mask, other=0)
-        # Union of the non-empty windows of this row block.
-        nonempty = m_mask & (starts < ends)
-        lo = tl.min(tl.where(nonempty, starts, N), axis=0)
-        hi = tl.max(tl.where(nonempty, ends, 0), axis=0)
+        starts, ends, lo, hi = _row_windows(starts_ptr, ends_ptr, offs_m, m_mask, N)
 
         offs_m64 = offs_m.to(tl.int64)
         out_ptrs = out_ptr + offs_m64[:, None] * stride_om + offs_n[None, :]
@@ -137,11 +142,7 @@ if triton is not None:
         pid = tl.program_id(0)
         rows = pid * BLOCK_Q + tl.arange(0, BLOCK_Q)
         rmask = rows < M
-        starts = tl.load(starts_ptr + rows, mask=rmask, other=0)
-        ends = tl.load(ends_ptr + rows, mask=rmask, other=0)
-        nonempty = rmask & (starts < ends)
-        lo = tl.min(tl.where(nonempty, starts, N), axis=0)
-        hi = tl.max(tl.where(nonempty, ends, 0), axis=0)
+        starts, ends, lo, hi = _row_windows(starts_ptr, ends_ptr, rows, rmask, N)
 
         qh = tl.arange(0, BLOCK_Q * H)
         q_row = (pid * BLOCK_Q + qh // H).to(tl.int64)
