@@ -9,9 +9,7 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
-import indexer
 from indexer.backends import get_backend
 from indexer.partition import CostModel
 from indexer.partition.calibration import calibration_path, cost_model_for, load_calibration, save_calibration

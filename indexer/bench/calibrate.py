@@ -57,7 +57,7 @@ def fit(samples: list[tuple[int, int, float]]):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..backends import get_backend, run_rows, select_backend
+    from ..backends import run_rows, select_backend
     from ..partition import CostModel
     from ..partition.calibration import save_calibration
     from ..platform import platform_for_device

@@ -9,7 +9,6 @@ every rank's sharded table has exactly the replicated top-k set per row, and pri
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 

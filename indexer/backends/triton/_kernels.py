@@ -187,10 +187,6 @@ def fused_supported(heads: int) -> bool:
     return 0 < heads <= _FUSED_ROWS and heads & (heads - 1) == 0
 
 
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (int(x) - 1).bit_length())
-
-
 def _pick_config(M: int, N: int, D: int) -> Tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the per-head kernel.
 
