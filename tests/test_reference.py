@@ -124,3 +124,20 @@ def test_workspace_allocated_once_and_reused():
     ((again, _),) = workspace._buffers.values()
     assert again.data_ptr() == ptr and again.numel() == size
     workspace.release_workspaces()
+
+
+def test_chunks_end_at_request_boundaries_and_scan_is_bounded():
+    from indexer.backends import get_backend
+    from indexer.backends.base import _chunk_end
+    from indexer.problem import validate
+
+    inp = make_inputs([500, 300, 200], [100, 300, 50], heads=2, head_dim=32)
+    p = validate(*inp.args(), 8)
+    be = get_backend("torch")
+    cuts, start = [], 0
+    while start < p.num_rows:
+        end, lo, hi = _chunk_end(be, p, start, p.num_rows, 2**40, hint=7)  # tiny scan window
+        assert all(lo <= int(p.starts_host[m]) and int(p.ends_host[m]) <= hi for m in range(start, end))
+        cuts.append(end)
+        start = end
+    assert cuts == [100, 400, 450]  # one chunk per request, whatever the scan window

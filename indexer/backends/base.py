@@ -107,23 +107,41 @@ def relative_bounds(problem: Problem, rows: tuple[int, int], cols: tuple[int, in
     return starts, ends
 
 
-def _chunk_end(backend: Backend, problem: Problem, start: int, stop: int, budget: int) -> tuple[int, int, int]:
+def _chunk_end(backend: Backend, problem: Problem, start: int, stop: int, budget: int, hint: int = 1024) -> tuple[int, int, int]:
     """Largest chunk ``[start, end)`` within ``[start, stop)`` that fits the budget.
 
+    A chunk also ends before a row whose window does not overlap the chunk's union so far
+    (the next request of a packed batch): a block spanning two requests would compute, and
+    its top-k would scan, the keys of both requests for every row.
+
     Returns ``(end, lo, hi)`` where ``[lo, hi)`` is the union of the chunk's row windows
-    (empty rows ignored). At least one row is always taken.
+    (empty rows ignored). At least one row is always taken. Only a window of about
+    ``hint`` rows (doubled while it all fits) is scanned, so cutting M rows into many
+    chunks stays linear in M.
     """
-    starts = problem.starts_host[start:stop]
-    ends = problem.ends_host[start:stop]
-    empty = ends <= starts
     big = torch.iinfo(torch.int64).max
-    lo = torch.cummin(torch.where(empty, big, starts), 0).values
-    hi = torch.cummax(torch.where(empty, -1, ends), 0).values
-    width = (hi - lo).clamp_min(0)
-    count = torch.arange(1, stop - start + 1, dtype=torch.int64)
-    fits = (backend.chunk_bytes(count, width, problem) <= budget) & (backend.logits_alloc_bytes(count, width) <= MAX_CHUNK_BYTES)
-    # both costs grow with the chunk, so the fitting chunks are a prefix
-    take = max(1, int(fits.sum()))
+    window = max(1, min(stop - start, hint))
+    while True:
+        starts = problem.starts_host[start : start + window]
+        ends = problem.ends_host[start : start + window]
+        empty = ends <= starts
+        lo = torch.cummin(torch.where(empty, big, starts), 0).values
+        hi = torch.cummax(torch.where(empty, -1, ends), 0).values
+        width = (hi - lo).clamp_min(0)
+        hi_before = torch.cat((torch.tensor([-1]), hi[:-1]))
+        lo_before = torch.cat((torch.tensor([big]), lo[:-1]))
+        disjoint = ~empty & (hi_before >= 0) & ((starts >= hi_before) | (ends <= lo_before))
+        count = torch.arange(1, window + 1, dtype=torch.int64)
+        fits = (
+            (backend.chunk_bytes(count, width, problem) <= budget)
+            & (backend.logits_alloc_bytes(count, width) <= MAX_CHUNK_BYTES)
+            & ~disjoint
+        )
+        take = int(torch.cumprod(fits, 0).sum())  # the fitting chunks are a prefix
+        if take < window or window == stop - start:
+            break
+        window = min(stop - start, 2 * window)
+    take = max(1, take)
     end = start + take
     if width[take - 1] == 0:
         return end, 0, 0
@@ -147,10 +165,12 @@ def run_rows(
         budget_bytes: Working-set budget for one chunk (see :meth:`Backend.chunk_bytes`).
     """
     row = 0
+    hint = 1024
     for a, b in ranges:
         start = a
         while start < b:
-            end, lo, hi = _chunk_end(backend, problem, start, b, budget_bytes)
+            end, lo, hi = _chunk_end(backend, problem, start, b, budget_bytes, hint)
+            hint = max(1024, 2 * (end - start))
             dst = out[row + start - a : row + end - a]
             if hi <= lo:  # every row in the chunk is empty
                 dst.fill_(-1)
