@@ -30,6 +30,8 @@ class Backend(abc.ABC):
     cost_model: ClassVar[CostModel] = CostModel()
     uses_workspace: ClassVar[bool] = True
     """Whether :meth:`logits` writes into the shared workspace (else it gets ``None``)."""
+    max_chunk_rows: ClassVar[int | None] = None
+    """Cap on rows per chunk, for kernels whose arithmetic changes with the row count."""
 
     @abc.abstractmethod
     def not_supported_reasons(self, problem: Problem | None) -> list[str]:
@@ -133,7 +135,8 @@ def _chunk_end(backend: Backend, problem: Problem, start: int, stop: int, budget
         disjoint = ~empty & (hi_before >= 0) & ((starts >= hi_before) | (ends <= lo_before))
         count = torch.arange(1, window + 1, dtype=torch.int64)
         fits = (
-            (backend.chunk_bytes(count, width, problem) <= budget)
+            (count <= (backend.max_chunk_rows or window))
+            & (backend.chunk_bytes(count, width, problem) <= budget)
             & (backend.logits_alloc_bytes(count, width) <= MAX_CHUNK_BYTES)
             & ~disjoint
         )

@@ -99,6 +99,10 @@ class AiterBackend(Backend):
     name = "aiter"
     cost_model = CostModel(per_key=1, per_width=0, per_row=3000)
     uses_workspace = False  # AITER allocates its own logits
+    # AITER's Triton logits kernel picks its MMA width from the row count (16-wide up to
+    # 1024 rows, 32-wide above, read in its source): one regime for every chunk keeps a
+    # row's bits the same whichever rank and chunk compute it
+    max_chunk_rows = 1024
 
     def not_supported_reasons(self, problem: Problem | None) -> list[str]:
         api = _load()
