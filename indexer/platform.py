@@ -184,6 +184,14 @@ def current_platform() -> Platform:
     return _probe_torch(cls, (note,))
 
 
+def platform_key(device: torch.device | str) -> str:
+    """``cuda``, ``rocm`` or ``cpu`` for the device's tensors, without probing the arch
+    (for per-platform env flags on hot paths)."""
+    if torch.device(device).type != "cuda":
+        return CpuPlatform.key
+    return RocmPlatform.key if torch.version.hip else CudaPlatform.key
+
+
 def platform_for_device(device: torch.device | str) -> Platform:
     """Platform of the device that holds the tensors (a CPU tensor means the CPU platform).
 

@@ -14,28 +14,33 @@ import torch
 from ..problem import Problem
 
 
+def _windows(problem: Problem, rows: tuple[int, int], lo: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 ``(column of each row's first key, keys per row)`` for rows ``[a, b)`` of a block
+    whose column 0 is key ``lo``."""
+    a, b = rows
+    starts = problem.row_starts[a:b].to(torch.int64)
+    return starts - lo, problem.row_ends[a:b].to(torch.int64) - starts
+
+
 def torch_topk(problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
     """:meth:`Backend.topk` with torch.topk (the reference's top-k)."""
     a, b = rows
-    starts = problem.row_starts[a:b].to(torch.int64)
-    lengths = problem.row_ends[a:b].to(torch.int64) - starts
-    row_topk(logits, starts - lo, lengths, problem.topk, out, problem.ends_host[a:b] - problem.starts_host[a:b])
+    starts_rel, lengths = _windows(problem, rows, lo)
+    row_topk(logits, starts_rel, lengths, problem.topk, out, problem.ends_host[a:b] - problem.starts_host[a:b])
 
 
 def chosen_topk(problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
     """:meth:`Backend.topk` of the GPU backends: torch.topk or the Triton radix kernel,
     as ``INDEXER_TOPK`` says. Both select the same set from the same logits."""
     from .. import envs
-    from ..platform import platform_for_device
+    from ..platform import platform_key
 
-    if envs.value("TOPK", platform_for_device(problem.device).key) == "triton":
+    if envs.value("TOPK", platform_key(problem.device)) == "triton":
         from .triton._topk import ragged_topk
 
-        a, b = rows
-        starts = problem.row_starts[a:b].to(torch.int64)
-        lengths = problem.row_ends[a:b].to(torch.int64) - starts
+        starts_rel, lengths = _windows(problem, rows, lo)
         # clamp padding rows (empty, anywhere) into the block; they read nothing
-        ragged_topk(logits, (starts - lo).clamp(0, logits.shape[1]), lengths, problem.topk, out)
+        ragged_topk(logits, starts_rel.clamp(0, logits.shape[1]), lengths, problem.topk, out)
         return
     torch_topk(problem, logits, rows, lo, out)
 

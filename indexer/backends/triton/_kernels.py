@@ -19,6 +19,8 @@ by ``k_scale``, masks each row to its own window with ``-inf`` and stores.
 
 from __future__ import annotations
 
+import contextlib
+
 from typing import Optional, Tuple
 
 import torch
@@ -182,6 +184,11 @@ _FUSED_DEFAULT = (128, 8, 2)
 _FUSED_ROWS = 128  # BLOCK_Q * H: the MMA's M dimension
 
 
+def device_guard(t: torch.Tensor):
+    """Launch context for a kernel on ``t``'s device (Triton launches on the current one)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
 def fused_supported(heads: int) -> bool:
     """Whether the fused kernel runs ``heads`` (a power of two, at most 128)."""
     return 0 < heads <= _FUSED_ROWS and heads & (heads - 1) == 0
@@ -264,24 +271,18 @@ def mqa_logits(q: torch.Tensor,
         block_q = _FUSED_ROWS // H
         block_n, num_warps, num_stages = FUSED_CONFIGS.get((H, D), _FUSED_DEFAULT)
 
-        def _launch_fused():
+        with device_guard(q):
             _mqa_logits_fused_kernel[(triton.cdiv(M, block_q),)](
                 q3, k, k_scale, weights, row_starts, row_ends, out,
                 M, N, q3.stride(0), k.stride(0), weights.stride(0), out.stride(0),
                 H=H, D=D, BLOCK_Q=block_q, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
             )
-
-        if q.is_cuda:
-            with torch.cuda.device(q.device):
-                _launch_fused()
-        else:
-            _launch_fused()
         return out
 
     block_m, block_n, num_warps, num_stages = _pick_config(M, N, D)
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
 
-    def _launch():
+    with device_guard(q):
         _mqa_logits_kernel[grid](
             q, k, k_scale, weights, row_starts, row_ends, out,
             M, N, H,
@@ -292,10 +293,4 @@ def mqa_logits(q: torch.Tensor,
             D=D, BLOCK_M=block_m, BLOCK_N=block_n,
             num_warps=num_warps, num_stages=num_stages,
         )
-
-    if q.is_cuda:
-        with torch.cuda.device(q.device):
-            _launch()
-    else:
-        _launch()
     return out

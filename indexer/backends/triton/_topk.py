@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from ._kernels import device_guard
+
 try:
     import triton
     import triton.language as tl
@@ -118,14 +120,8 @@ def ragged_topk(logits: torch.Tensor, starts_rel: torch.Tensor, lengths: torch.T
     starts = starts_rel.to(torch.int32).contiguous()
     lens = lengths.to(torch.int32).contiguous()
 
-    def launch():
+    with device_guard(logits):
         _radix_topk_kernel[(rows,)](
             logits, starts, lens, out, logits.stride(0), out.stride(0),
             K=topk, KP=_next_pow2(topk), BLOCK=block, num_warps=8 if block >= 1024 else 4,
         )
-
-    if logits.is_cuda:
-        with torch.cuda.device(logits.device):
-            launch()
-    else:
-        launch()
