@@ -100,6 +100,9 @@ def reassemble(local: torch.Tensor, plan: RowPlan, rank: int, group: object, mod
     """
     if plan.num_rows == 0:
         return
+    if mode in ("allgatherv", "padded") and _equal_slices_in_rank_order(plan):
+        _all_gather_single(out, local.contiguous(), group=group)
+        return
     if mode == "allgatherv":
         _allgatherv(local, plan, rank, group, out)
     elif mode == "ring":
@@ -136,9 +139,6 @@ def _scatter(buf: torch.Tensor, pieces: Sequence[tuple[int, int]], out: torch.Te
 
 
 def _allgatherv(local: torch.Tensor, plan: RowPlan, rank: int, group: object, out: torch.Tensor) -> None:
-    if _equal_slices_in_rank_order(plan):
-        _all_gather_single(out, local.contiguous(), group=group)
-        return
     slots, scatter = _rank_slots(plan, out, out.shape[1])
     dist.all_gather(slots, local, group=group)
     for r in scatter:
@@ -148,9 +148,6 @@ def _allgatherv(local: torch.Tensor, plan: RowPlan, rank: int, group: object, ou
 def _padded(local: torch.Tensor, plan: RowPlan, rank: int, group: object, out: torch.Tensor) -> None:
     world, width = plan.world_size, out.shape[1]
     most = max(plan.rows_per_rank)
-    if _equal_slices_in_rank_order(plan):
-        _all_gather_single(out, local.contiguous(), group=group)
-        return
     send = torch.empty(most, width, dtype=out.dtype, device=out.device)
     send[: local.shape[0]].copy_(local)
     recv = torch.empty(world * most, width, dtype=out.dtype, device=out.device)
@@ -187,12 +184,13 @@ def _ring(local: torch.Tensor, plan: RowPlan, rank: int, group: object, out: tor
         h1 = fold_split(m, world)
         g1 = h1 // world
         equal = (out[:h1], local[:g1], g1)
-        extras = []
-        for j in range(world):
-            a, b = h1 + j * (m - h1) // world, h1 + (j + 1) * (m - h1) // world
-            src = world - 1 - j
-            if b > a:
-                extras.append((src, (a, b), local[g1:] if rank == src else None))
+        # each rank's second-half group, as the plan cut it, broadcast from its owner
+        extras = [
+            (src, piece, local[g1:] if rank == src else None)
+            for src in range(world)
+            for piece in plan.pieces[src]
+            if piece[0] >= h1
+        ]
     else:
         raise ReassemblyError(f"ring exchanges only {'|'.join(RING_STRATEGIES)} plans, not {plan.strategy!r}")
 
