@@ -13,7 +13,7 @@ from indexer.backends.triton import _topk as T  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _case(rows, n, topk, seed, quantize=None, pad=0):
+def _case(rows, n, topk, seed, quantize=None, pad=0, min_length=0):
     g = torch.Generator().manual_seed(seed)
     vals = torch.randn(rows, n, generator=g)
     if quantize:  # few distinct values: ties everywhere, at the k-th value too
@@ -23,6 +23,7 @@ def _case(rows, n, topk, seed, quantize=None, pad=0):
     block[:, :n] = vals
     starts = torch.randint(0, n // 3, (rows,), generator=g)
     lengths = torch.clamp(torch.randint(0, n, (rows,), generator=g), max=n - starts)
+    lengths = torch.clamp(lengths, min=min_length).minimum(n - starts)
     lengths[0], lengths[1] = 0, min(topk, n - int(starts[1]))  # empty row, exactly k
     logits = block.to(DEVICE)[:, :n]
     # outside each window: -inf for the torch path (the Triton path does not read it)
@@ -48,6 +49,65 @@ def test_radix_topk_selects_the_torch_set(rows, n, topk, quantize, block):
     assert not (got == 99999).any()
     assert torch.equal(got.sort(1).values, want.sort(1).values)
     assert (got[0] == -1).all()
+
+
+# The long-row road at toy sizes: pieces of 8 keys, one in 4 sampled, rows from 64 keys.
+SMALL_ROAD = dict(piece=8, sparse=4, sample_min=64)
+
+
+def _check(logits, masked, starts, lengths, topk, **kw):
+    rows = logits.shape[0]
+    got = torch.full((rows, topk), 99999, dtype=torch.int32, device=DEVICE)
+    stats = torch.zeros(3, dtype=torch.int32, device=DEVICE)
+    T.ragged_topk(logits, starts.to(DEVICE), lengths.to(DEVICE), topk, got, stats=stats, **kw)
+    want = torch.empty(rows, topk, dtype=torch.int32)
+    row_topk(masked, starts, lengths, topk, want)
+    got = got.cpu()
+    assert torch.equal(got.sort(1).values, want.sort(1).values)
+    stats = stats.cpu().tolist()
+    assert sum(stats) == rows
+    assert stats[T.STAT_SHORT] == int((lengths <= topk).sum())
+    return stats
+
+
+@pytest.mark.parametrize("quantize", [None, 4.0])
+def test_sampled_road_selects_the_torch_set(quantize):
+    logits, masked, starts, lengths = _case(12, 900, 24, seed=5, quantize=quantize, pad=3, min_length=400)
+    stats = _check(logits, masked, starts, lengths, 24, cap=256, **SMALL_ROAD)
+    assert stats[T.STAT_SAMPLED] >= 8, stats  # the road was really taken
+
+
+def test_unlucky_sample_falls_back_to_the_plain_select():
+    # every large value sits in a piece the sample skips: the threshold comes out too high,
+    # fewer than k keys pass it, and the row must take the plain radix select
+    n, topk = 512, 16
+    vals = torch.rand(3, n)
+    col = torch.arange(n)
+    unsampled = (col // 8) % 4 != 0
+    vals[:, unsampled] -= 10.0
+    vals[:, unsampled & (col % 3 == 0)] += 20.0
+    starts = torch.zeros(3, dtype=torch.int64)
+    lengths = torch.full((3,), n, dtype=torch.int64)
+    stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=64, **SMALL_ROAD)
+    assert stats[T.STAT_PLAIN] == 3, stats
+
+
+def test_candidate_overflow_falls_back_to_the_plain_select():
+    # a tie group at the threshold larger than the scratch: the row must not lose keys
+    n, topk = 700, 16
+    vals = torch.zeros(2, n)
+    vals[:, 100:105] = 1.0
+    vals[0, 650] = 2.0
+    starts = torch.zeros(2, dtype=torch.int64)
+    lengths = torch.full((2,), n, dtype=torch.int64)
+    stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=64, **SMALL_ROAD)
+    assert stats[T.STAT_PLAIN] == 2, stats
+
+
+def test_cap_below_topk_is_refused():
+    logits = torch.zeros(1, 10, device=DEVICE)
+    with pytest.raises(ValueError, match="cap"):
+        T.ragged_topk(logits, torch.zeros(1), torch.full((1,), 10), 8, torch.empty(1, 8, dtype=torch.int32), cap=4)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter variant")

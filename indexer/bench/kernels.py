@@ -33,40 +33,70 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def tune_triton(args: argparse.Namespace) -> int:
-    """Time each (BLOCK_N, num_warps, num_stages) of the fused Triton kernel, side by side."""
+    """Time each fused Triton config (operand order, rows a program, BLOCK_N, warps, stages)
+    for this H, D, side by side, against DeepGEMM where it runs."""
     from ..backends.triton import _kernels as tk
     from ..synthetic import make_inputs
 
     device = torch.device(args.device)
     n = max(int(x) for x in args.context.split(","))
     m = min(args.rows, n)
-    inp = make_inputs([n], [m], args.heads, args.head_dim, device, seed=n)
+    h, d = args.heads, args.head_dim
+    inp = make_inputs([n], [m], h, d, device, seed=n)
     out = torch.empty(m, n, dtype=torch.float32, device=device)
-    key = (args.heads, args.head_dim)
+    key = (h, d)
     saved = tk.FUSED_CONFIGS.get(key)
     rows = []
+    configs = []
+    for keys_major in (True, False):
+        for pairs in ((128, 256) if keys_major else (128,)):
+            if pairs < h:
+                continue
+            for block_n in (64, 128):
+                for warps in (4, 8):
+                    for stages in (2, 3):
+                        configs.append(tk.FusedConfig(keys_major, pairs // h, block_n, warps, stages))
     try:
-        for block_n in (32, 64, 128):
-            for warps in (4, 8):
-                for stages in (1, 2, 3):
-                    tk.FUSED_CONFIGS[key] = (block_n, warps, stages)
-                    try:
-                        ms = median_ms(lambda: tk.mqa_logits(*inp.args(), out=out), device, warmup=1, repeats=args.repeats)
-                    except Exception as exc:  # noqa: BLE001 - a config that does not compile is a row too
-                        rows.append(dict(block_n=block_n, warps=warps, stages=stages, ms=None, note=str(exc)[:50]))
-                        continue
-                    rows.append(dict(block_n=block_n, warps=warps, stages=stages, ms=ms, note=""))
+        for cfg in configs:
+            tk.FUSED_CONFIGS[key] = cfg
+            row = dict(cfg._asdict(), ms=None, note="")
+            try:
+                row["ms"] = median_ms(lambda: tk.mqa_logits(*inp.args(), out=out), device, warmup=1, repeats=args.repeats)
+            except Exception as exc:  # noqa: BLE001 - a config that does not compile is a row too
+                row["note"] = f"{type(exc).__name__}: {str(exc)[:50]}"
+            rows.append(row)
     finally:
         if saved is None:
             tk.FUSED_CONFIGS.pop(key, None)
         else:
             tk.FUSED_CONFIGS[key] = saved
+    ref_ms = _deepgemm_ms(inp, m, n, args, device)
+    for r in rows:
+        r["vs_dg"] = ref_ms / r["ms"] if ref_ms and r["ms"] else None
     rows.sort(key=lambda r: float("inf") if r["ms"] is None else r["ms"])
-    print(f"fused Triton logits configs, H={args.heads} D={args.head_dim} M={m} N={n} on {device}, median of {args.repeats}")
-    print(table(rows, [("block_n", "BLOCK_N", "d"), ("warps", "warps", "d"), ("stages", "stages", "d"), ("ms", "ms", ".3f"), ("note", "note", "s")]))
-    best = rows[0]
-    print(f"best: FUSED_CONFIGS[({args.heads}, {args.head_dim})] = ({best['block_n']}, {best['warps']}, {best['stages']})")
+    dg = f", DeepGEMM {ref_ms:.3f} ms" if ref_ms else ""
+    print(f"fused Triton logits configs, H={h} D={d} M={m} N={n} on {device}, median of {args.repeats}{dg}")
+    print(table(rows, [("keys_major", "keys-major", "d"), ("block_q", "rows", "d"), ("block_n", "BLOCK_N", "d"),
+                       ("num_warps", "warps", "d"), ("num_stages", "stages", "d"), ("ms", "ms", ".3f"),
+                       ("vs_dg", "DeepGEMM/this", ".2f"), ("note", "note", "s")]))
+    best = tk.FusedConfig(**{f: rows[0][f] for f in tk.FusedConfig._fields})
+    print(f"best: FUSED_CONFIGS[({h}, {d})] = {best!r}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(deepgemm_ms=ref_ms, configs=rows), f, indent=1)
     return 0
+
+
+def _deepgemm_ms(inp, m: int, n: int, args: argparse.Namespace, device: torch.device) -> float | None:
+    """DeepGEMM's logits time on the same inputs, or None where it cannot run."""
+    from ..backends import get_backend
+    from ..problem import validate
+
+    problem = validate(*inp.args(), args.topk)
+    backend = get_backend("deepgemm")
+    if backend.not_supported_reasons(problem):
+        return None
+    return median_ms(lambda: backend.logits(problem, (0, m), (0, n), None), device, warmup=1, repeats=args.repeats)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,14 +6,17 @@ import argparse
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from ..bench import calibrate, kernels, tp
+    from ..bench import calibrate, kernels, topk, tp
 
-    p = sub.add_parser("bench", help="benchmarks: kernels | tp | calibrate (--calibrate is short for 'bench calibrate')")
+    p = sub.add_parser("bench", help="benchmarks: kernels | topk | tp | calibrate (--calibrate is short for 'bench calibrate')")
     p.add_argument("--calibrate", action="store_true", help="same as 'bench calibrate' with its defaults")
     what = p.add_subparsers(dest="what")
     k = what.add_parser("kernels", help="each backend's logits and top-k side by side on one device")
     kernels.add_arguments(k)
     k.set_defaults(func=kernels.run)
+    o = what.add_parser("topk", help="top-k implementations side by side on real logits, against the bandwidth floor")
+    topk.add_arguments(o)
+    o.set_defaults(func=topk.run)
     t = what.add_parser("tp", help="replicated vs every strategy on 1..N ranks over a context-length sweep")
     tp.add_arguments(t)
     t.set_defaults(func=tp.run)
@@ -26,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             cal = argparse.ArgumentParser()
             calibrate.add_arguments(cal)
             return calibrate.run(cal.parse_args([]))
-        p.error("choose one of: kernels, tp, calibrate (or --calibrate)")
+        p.error("choose one of: kernels, topk, tp, calibrate (or --calibrate)")
         return 2
 
     p.set_defaults(func=dispatch)

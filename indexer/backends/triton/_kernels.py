@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
@@ -175,13 +175,102 @@ if triton is not None:
                 tl.store(ptrs, tl.where(valid, logit, float("-inf")), mask=smask)
 
 
+    @triton.jit
+    def _mqa_logits_keys_major_kernel(
+        q_ptr, k_ptr, k_scale_ptr, w_ptr, starts_ptr, ends_ptr, out_ptr,
+        M, N,
+        stride_qm,
+        stride_kn,
+        stride_wm,
+        stride_om,
+        H: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK_Q: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
+        # The fused kernel with the MMA's operands swapped, as DeepGEMM lays it out: keys on
+        # the MMA's M dimension, (row, head) pairs on N. The sum over heads then runs along
+        # the accumulator's N dimension, which a thread holds mostly in its own registers,
+        # instead of across warps. The key walk is split in three loops so the one that
+        # computes has no branch inside (it software-pipelines the K loads) and the -inf
+        # fill outside the rows' window union costs no MMA.
+        pid = tl.program_id(0)
+        rows = pid * BLOCK_Q + tl.arange(0, BLOCK_Q)
+        rmask = rows < M
+        starts, ends, lo, hi = _row_windows(starts_ptr, ends_ptr, rows, rmask, N)
+
+        qh = tl.arange(0, BLOCK_Q * H)
+        q_row = (pid * BLOCK_Q + qh // H).to(tl.int64)
+        q_head = qh % H
+        qmask = q_row < M
+        offs_d = tl.arange(0, D)
+        q_t = tl.load(q_ptr + q_row[None, :] * stride_qm + q_head[None, :] * D + offs_d[:, None],
+                      mask=qmask[None, :], other=0.0)  # [D, BLOCK_Q * H]
+        w = tl.load(w_ptr + q_row * stride_wm + q_head, mask=qmask, other=0.0)
+
+        rows64 = rows.to(tl.int64)
+        lo_t = (lo // BLOCK_N) * BLOCK_N
+        hi_t = tl.maximum(((hi + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, lo_t)
+        neg = tl.full((BLOCK_N, BLOCK_Q), float("-inf"), tl.float32)
+        for n0 in range(0, lo_t, BLOCK_N):
+            cols = n0 + tl.arange(0, BLOCK_N)
+            tl.store(out_ptr + rows64[None, :] * stride_om + cols[:, None], neg,
+                     mask=rmask[None, :] & (cols < N)[:, None])
+        for n0 in range(lo_t, hi_t, BLOCK_N):
+            cols = n0 + tl.arange(0, BLOCK_N)
+            cmask = cols < N
+            k_tile = tl.load(k_ptr + cols.to(tl.int64)[:, None] * stride_kn + offs_d[None, :],
+                             mask=cmask[:, None], other=0.0)
+            sc = tl.dot(k_tile, q_t, out_dtype=tl.float32)  # [BLOCK_N, BLOCK_Q * H]
+            sc = tl.maximum(sc, 0.0) * w[None, :]
+            logit = tl.sum(tl.reshape(sc, (BLOCK_N, BLOCK_Q, H)), axis=2)
+            scale = tl.load(k_scale_ptr + cols, mask=cmask, other=0.0)
+            logit = logit * scale[:, None]
+            valid = (cols[:, None] >= starts[None, :]) & (cols[:, None] < ends[None, :])
+            tl.store(out_ptr + rows64[None, :] * stride_om + cols[:, None], tl.where(valid, logit, float("-inf")),
+                     mask=rmask[None, :] & cmask[:, None])
+        for n0 in range(hi_t, N, BLOCK_N):
+            cols = n0 + tl.arange(0, BLOCK_N)
+            tl.store(out_ptr + rows64[None, :] * stride_om + cols[:, None], neg,
+                     mask=rmask[None, :] & (cols < N)[:, None])
+
+
+class FusedConfig(NamedTuple):
+    """Launch config of the fused kernels.
+
+    Attributes:
+        keys_major: Keys on the MMA's M dimension and (row, head) pairs on N
+            (``_mqa_logits_keys_major_kernel``); otherwise (row, head) pairs on M.
+        block_q: Query rows per program (``block_q * H`` (row, head) pairs in one MMA operand).
+        block_n: Keys per tile.
+        num_warps, num_stages: Triton launch options.
+    """
+
+    keys_major: bool
+    block_q: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
 # Fused-kernel launch configs, one per (H, D), never per chunk: the head sum's reduction
 # order follows the tile layout, so a config picked per chunk shape (or by a per-process
 # autotune that timing noise can sway) could give a row different bits on different ranks
-# and break sharded == replicated. (BLOCK_N, num_warps, num_stages); untuned defaults.
-FUSED_CONFIGS: dict[tuple[int, int], tuple[int, int, int]] = {}
-_FUSED_DEFAULT = (128, 8, 2)
-_FUSED_ROWS = 128  # BLOCK_Q * H: the MMA's M dimension
+# and break sharded == replicated. Entries come from ``bench kernels --tune-triton``.
+FUSED_CONFIGS: dict[tuple[int, int], FusedConfig] = {
+    # H200, DeepSeek-V3.2 / GLM-5 indexer shape (see docs/benchmarks.md)
+    (64, 128): FusedConfig(keys_major=True, block_q=4, block_n=64, num_warps=4, num_stages=3),
+}
+
+
+def fused_config(heads: int, head_dim: int) -> FusedConfig:
+    """The fused kernels' config for ``(heads, head_dim)``: the table's, else the default
+    (keys-major, ``128 / H`` rows a program, 128-key tiles)."""
+    cfg = FUSED_CONFIGS.get((heads, head_dim))
+    return cfg if cfg is not None else FusedConfig(True, _FUSED_ROWS // heads, 128, 8, 2)
+
+
+_FUSED_ROWS = 128  # default BLOCK_Q * H: (row, head) pairs in one MMA operand
 
 
 def device_guard(t: torch.Tensor):
@@ -268,14 +357,14 @@ def mqa_logits(q: torch.Tensor,
 
     if fused_supported(H) and not force_per_head:
         q3 = q.contiguous()
-        block_q = _FUSED_ROWS // H
-        block_n, num_warps, num_stages = FUSED_CONFIGS.get((H, D), _FUSED_DEFAULT)
-
+        cfg = fused_config(H, D)
+        kernel = _mqa_logits_keys_major_kernel if cfg.keys_major else _mqa_logits_fused_kernel
         with device_guard(q):
-            _mqa_logits_fused_kernel[(triton.cdiv(M, block_q),)](
+            kernel[(triton.cdiv(M, cfg.block_q),)](
                 q3, k, k_scale, weights, row_starts, row_ends, out,
                 M, N, q3.stride(0), k.stride(0), weights.stride(0), out.stride(0),
-                H=H, D=D, BLOCK_Q=block_q, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
+                H=H, D=D, BLOCK_Q=cfg.block_q, BLOCK_N=cfg.block_n,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )
         return out
 

@@ -1,20 +1,30 @@
-"""Triton per-row ragged top-k: radix select, no sort.
+"""Triton per-row ragged top-k: sampled threshold, one filtering pass, radix select.
 
 For each row it reads only the row's own window ``[start, start + length)`` of a (possibly
 row-padded, non-contiguous) float32 logits block and writes the ``k`` row-relative indices
-of its largest values, ``-1`` padded, unordered:
+of its largest values, ``-1`` padded, unordered. Every value is mapped to an
+order-preserving 32-bit key, and selection is a radix select over 8-bit digits (four
+256-bin histograms, most significant digit first), never a sort.
 
-1. Map each float to an order-preserving 32-bit key.
-2. Four passes of 8-bit radix select (most significant digit first): a 256-bin histogram
-   of the current digit among the keys that match the digits found so far gives the bin
-   holding the k-th largest key. After the fourth pass the k-th key is known exactly, and
-   so is how many keys equal to it belong to the top k.
-3. One more pass writes every key above the k-th, and the needed number of keys equal to
-   it in column order: ties go to the lowest index, the same rule as the torch path, so
-   both select the same set from the same logits.
+A plain radix select reads the row five times (four histograms and the write). At the
+lengths that matter (64K-1M keys, 256 KiB-4 MiB a row) those reads cannot stay in cache, so
+long rows take a shorter road that reads the row about once:
 
-Rows with at most ``k`` keys skip the passes and list all of them. Triton is imported
-lazily; :func:`is_available` reports whether it is there.
+1. *Sample*: every ``SPARSE``-th piece of ``PIECE`` contiguous keys (1/16 of the row). A
+   radix select on the sample finds the key ``t`` with ``r`` sample keys at or above it;
+   ``r`` is the sample's expected share of the top k plus four standard deviations, so
+   that fewer than k keys of the row reach ``t`` only when the sample is badly unlucky.
+2. *Filter*: one pass over the row copies every key ``>= t`` (value and column, in column
+   order) into a per-program scratch of ``CAP`` slots.
+3. *Select*: if at least ``k`` and at most ``CAP`` keys passed, the row's top k are all
+   among them (the k-th largest key is ``>= t``), so the radix select and the write run on
+   the few thousand candidates. Otherwise (an unlucky sample, or a huge tie at ``t``) the
+   row falls back to the plain radix select. Both roads are exact.
+
+Ties at the k-th value go to the lowest column, the rule of the torch path, so both select
+the same set from the same logits. Programs are persistent (a few per SM, each looping over
+rows), so the scratch is sized by the grid, not by the number of rows. Triton is imported
+lazily; :func:`is_available` in ``_kernels`` reports whether it is there.
 """
 
 from __future__ import annotations
@@ -30,6 +40,14 @@ except Exception:  # noqa: BLE001 - reported by _kernels.is_available
     triton = None
     tl = None
 
+#: Default shape of the road for long rows (see the module docstring). ``CAP`` bounds the
+#: scratch: ``programs * CAP * 8`` bytes.
+PIECE, SPARSE, CAP = 256, 16, 8192
+PROGRAMS_PER_SM = 4
+#: Counters of :func:`ragged_topk`'s ``stats``: rows listed whole (at most k keys), rows
+#: selected from sampled candidates, rows that took the plain radix select.
+STAT_SHORT, STAT_SAMPLED, STAT_PLAIN = 0, 1, 2
+
 if triton is not None:
 
     @triton.jit
@@ -42,63 +60,148 @@ if triton is not None:
         return (bits & 0xFFFFFFFF) ^ flip
 
     @triton.jit
-    def _radix_topk_kernel(
-        logits_ptr, starts_ptr, lengths_ptr, out_ptr,
-        stride_lm, stride_om,
+    def _kth_largest(ptr, n, limit, need, BLOCK: tl.constexpr, PIECE: tl.constexpr, PSTRIDE: tl.constexpr):
+        """Key of the ``need``-th largest of the values at ``ptr + col(i)``, ``i < n`` and
+        ``col(i) < limit``, where ``col(i) = (i // PIECE) * PSTRIDE + i % PIECE`` (contiguous
+        when ``PIECE == PSTRIDE``); and how many keys equal to it are among the ``need``."""
+        bins = tl.arange(0, 512)
+        prefix = tl.full((), 0, tl.int64)
+        prefix_mask = tl.full((), 0, tl.int64)
+        for p in tl.static_range(4):
+            shift = 24 - 8 * p
+            hist = tl.zeros((512,), dtype=tl.int32)
+            for c0 in range(0, n, BLOCK):
+                i = c0 + tl.arange(0, BLOCK)
+                col = (i // PIECE) * PSTRIDE + i % PIECE
+                m = (i < n) & (col < limit)
+                key = _order_key(tl.load(ptr + col, mask=m, other=0.0))
+                match = m & ((key & prefix_mask) == prefix)
+                digit = ((key >> shift) & 255).to(tl.int32)
+                # bin 256 collects what does not match (tl.histogram has no mask)
+                hist += tl.histogram(tl.where(match, digit, 256), 512)
+            hist = tl.where(bins < 256, hist, 0)
+            # suffix[d] = keys whose digit is >= d; the wanted key sits in the largest bin
+            # whose suffix still reaches `need`
+            suffix = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+            b = tl.max(tl.where((bins < 256) & (suffix >= need), bins, -1), axis=0)
+            need -= tl.sum(tl.where(bins > b, hist, 0), axis=0)
+            prefix = prefix | (b.to(tl.int64) << shift)
+            prefix_mask = prefix_mask | (255 << shift)
+        return prefix, need
+
+    @triton.jit
+    def _emit(vals_ptr, cols_ptr, n, kth, need, obase, BLOCK: tl.constexpr, HAS_COLS: tl.constexpr):
+        """Write the columns of every key above ``kth`` and of the first ``need`` keys equal
+        to it (in storage order, which is column order) to ``obase[0:k]``."""
+        taken = tl.full((), 0, tl.int32)
+        eq_seen = tl.full((), 0, tl.int32)
+        for c0 in range(0, n, BLOCK):
+            i = c0 + tl.arange(0, BLOCK)
+            m = i < n
+            key = _order_key(tl.load(vals_ptr + i, mask=m, other=0.0))
+            eq = (m & (key == kth)).to(tl.int32)
+            sel = (m & (key > kth)) | ((eq_seen + tl.cumsum(eq, axis=0) <= need) & (eq > 0))
+            pos = taken + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+            if HAS_COLS:
+                col = tl.load(cols_ptr + i, mask=sel, other=0)
+            else:
+                col = i
+            tl.store(obase + pos, col, mask=sel)
+            taken += tl.sum(sel.to(tl.int32), axis=0)
+            eq_seen += tl.sum(eq, axis=0)
+
+    @triton.jit
+    def _ragged_topk_kernel(
+        logits_ptr, starts_ptr, lengths_ptr, out_ptr, scratch_v_ptr, scratch_c_ptr, stats_ptr,
+        rows, stride_lm, stride_om, sample_min,
         K: tl.constexpr,
         KP: tl.constexpr,
         BLOCK: tl.constexpr,
+        FBLOCK: tl.constexpr,
+        PIECE: tl.constexpr,
+        PSTRIDE: tl.constexpr,
+        CAP: tl.constexpr,
+        STATS: tl.constexpr,
     ):
-        row = tl.program_id(0)
-        start = tl.load(starts_ptr + row).to(tl.int64)
-        length = tl.load(lengths_ptr + row)
-        base = logits_ptr + row.to(tl.int64) * stride_lm + start
-        obase = out_ptr + row.to(tl.int64) * stride_om
+        pid = tl.program_id(0)
+        nprog = tl.num_programs(0)
+        sv = scratch_v_ptr + pid.to(tl.int64) * CAP
+        sc = scratch_c_ptr + pid.to(tl.int64) * CAP
         kk = tl.arange(0, KP)
-        if length <= K:
-            tl.store(obase + kk, tl.where(kk < length, kk, -1), mask=kk < K)
-        else:
-            bins = tl.arange(0, 512)
-            prefix = tl.full((), 0, tl.int64)
-            prefix_mask = tl.full((), 0, tl.int64)
-            need = tl.full((), K, tl.int32)
-            for p in tl.static_range(4):
-                shift = 24 - 8 * p
-                hist = tl.zeros((512,), dtype=tl.int32)
-                for c0 in range(0, length, BLOCK):
-                    cols = c0 + tl.arange(0, BLOCK)
-                    m = cols < length
-                    key = _order_key(tl.load(base + cols, mask=m, other=0.0))
-                    match = m & ((key & prefix_mask) == prefix)
-                    digit = ((key >> shift) & 255).to(tl.int32)
-                    hist += tl.histogram(tl.where(match, digit, 256), 512)
-                hist = tl.where(bins < 256, hist, 0)
-                # suffix[d] = keys whose digit is >= d; the k-th largest sits in the largest
-                # bin whose suffix still reaches `need`
-                suffix = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
-                b = tl.max(tl.where((bins < 256) & (suffix >= need), bins, -1), axis=0)
-                need -= tl.sum(tl.where(bins > b, hist, 0), axis=0)
-                prefix = prefix | (b.to(tl.int64) << shift)
-                prefix_mask = prefix_mask | (255 << shift)
-            taken = tl.full((), 0, tl.int32)
-            eq_seen = tl.full((), 0, tl.int32)
-            for c0 in range(0, length, BLOCK):
-                cols = c0 + tl.arange(0, BLOCK)
-                m = cols < length
-                key = _order_key(tl.load(base + cols, mask=m, other=0.0))
-                eq = (m & (key == prefix)).to(tl.int32)
-                sel = (m & (key > prefix)) | ((eq_seen + tl.cumsum(eq, axis=0) <= need) & (eq > 0))
-                pos = taken + tl.cumsum(sel.to(tl.int32), axis=0) - 1
-                tl.store(obase + pos, cols, mask=sel)
-                taken += tl.sum(sel.to(tl.int32), axis=0)
-                eq_seen += tl.sum(eq, axis=0)
+        for row32 in range(pid, rows, nprog):
+            row = row32 + tl.zeros((), tl.int64)  # 64-bit offsets (an int under the interpreter)
+            start = tl.load(starts_ptr + row).to(tl.int64)
+            length = tl.load(lengths_ptr + row)
+            base = logits_ptr + row * stride_lm + start
+            obase = out_ptr + row * stride_om
+            if length <= K:
+                tl.store(obase + kk, tl.where(kk < length, kk, -1), mask=kk < K)
+                if STATS:
+                    tl.atomic_add(stats_ptr + 0, 1)
+            else:
+                plain = 1
+                if length >= sample_min:
+                    full = length // PSTRIDE
+                    s = full * PIECE + tl.minimum(PIECE, length - full * PSTRIDE)
+                    # the sample should hold mu of the row's top k; asking for mu plus four
+                    # standard deviations makes too few candidates a rare event
+                    mu = K * s.to(tl.float32) / length.to(tl.float32)
+                    r = (mu + 4.0 * tl.sqrt(mu) + 1.0).to(tl.int32)
+                    r = tl.minimum(r, s)
+                    npieces = (length + PSTRIDE - 1) // PSTRIDE
+                    t, _unused = _kth_largest(base, npieces * PIECE, length, r, BLOCK, PIECE, PSTRIDE)
+                    cnt = tl.full((), 0, tl.int32)
+                    for c0 in range(0, length, FBLOCK):
+                        cols = c0 + tl.arange(0, FBLOCK)
+                        m = cols < length
+                        v = tl.load(base + cols, mask=m, other=0.0)
+                        sel = m & (_order_key(v) >= t)
+                        pos = cnt + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+                        ok = sel & (pos < CAP)
+                        tl.store(sv + pos, v, mask=ok)
+                        tl.store(sc + pos, cols, mask=ok)
+                        cnt += tl.sum(sel.to(tl.int32), axis=0)
+                    # the scratch was written by other threads of this program
+                    tl.debug_barrier()
+                    if (cnt >= K) & (cnt <= CAP):
+                        kth, need = _kth_largest(sv, cnt, cnt, K, BLOCK, BLOCK, BLOCK)
+                        _emit(sv, sc, cnt, kth, need, obase, BLOCK, True)
+                        plain = 0
+                    # the next row overwrites the scratch
+                    tl.debug_barrier()
+                if plain != 0:
+                    kth, need = _kth_largest(base, length, length, K, BLOCK, BLOCK, BLOCK)
+                    _emit(base, base, length, kth, need, obase, BLOCK, False)
+                if STATS:
+                    tl.atomic_add(stats_ptr + 2 - (1 - plain), 1)
 
 
 def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def ragged_topk(logits: torch.Tensor, starts_rel: torch.Tensor, lengths: torch.Tensor, topk: int, out: torch.Tensor, block: int = 1024) -> None:
+def _programs(device: torch.device, rows: int) -> int:
+    if device.type == "cuda":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        return max(1, min(rows, sms * PROGRAMS_PER_SM))
+    return max(1, min(rows, 4))  # Triton's interpreter runs programs one by one
+
+
+def ragged_topk(
+    logits: torch.Tensor,
+    starts_rel: torch.Tensor,
+    lengths: torch.Tensor,
+    topk: int,
+    out: torch.Tensor,
+    block: int = 1024,
+    *,
+    filter_block: int = 4096,
+    piece: int = PIECE,
+    sparse: int = SPARSE,
+    cap: int | None = None,
+    sample_min: int | None = None,
+    stats: torch.Tensor | None = None,
+) -> None:
     """Per-row top-k of a logits block, reading each row's window only.
 
     Args:
@@ -109,6 +212,15 @@ def ragged_topk(logits: torch.Tensor, starts_rel: torch.Tensor, lengths: torch.T
         topk: Keys kept per row.
         out: int32 ``[R, topk]`` contiguous rows; gets indices relative to each row's first
             key, unordered, ``-1`` padded.
+        block: Keys per step of the histogram and write passes (a power of two).
+        filter_block: Keys per step of the filtering pass (a power of two).
+        piece, sparse, cap: The long-row road: sampled pieces of ``piece`` keys, one piece
+            in every ``sparse``; at most ``cap`` candidates (default ``max(CAP, 4 * topk)``
+            rounded up to a power of two; ``cap >= topk``).
+        sample_min: Rows shorter than this take the plain radix select (default
+            ``8 * topk``: below it the sample is too small to save a pass).
+        stats: Optional int32 ``[3]`` on the logits' device; the kernel adds each row to
+            one counter (``STAT_SHORT``, ``STAT_SAMPLED``, ``STAT_PLAIN``).
     """
     if triton is None:
         raise RuntimeError("triton is not importable")
@@ -117,11 +229,20 @@ def ragged_topk(logits: torch.Tensor, starts_rel: torch.Tensor, lengths: torch.T
         return
     if logits.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError("logits and out need column stride 1")
+    if cap is None:
+        cap = _next_pow2(max(CAP, 4 * topk))
+    if cap < topk:
+        raise ValueError(f"cap={cap} must be at least topk={topk}")
+    device = logits.device
     starts = starts_rel.to(torch.int32).contiguous()
     lens = lengths.to(torch.int32).contiguous()
-
+    programs = _programs(device, rows)
+    scratch_v = torch.empty(programs, cap, dtype=torch.float32, device=device)
+    scratch_c = torch.empty(programs, cap, dtype=torch.int32, device=device)
     with device_guard(logits):
-        _radix_topk_kernel[(rows,)](
-            logits, starts, lens, out, logits.stride(0), out.stride(0),
-            K=topk, KP=_next_pow2(topk), BLOCK=block, num_warps=8 if block >= 1024 else 4,
+        _ragged_topk_kernel[(programs,)](
+            logits, starts, lens, out, scratch_v, scratch_c, stats if stats is not None else lens,
+            rows, logits.stride(0), out.stride(0), 8 * topk if sample_min is None else sample_min,
+            K=topk, KP=_next_pow2(topk), BLOCK=block, FBLOCK=filter_block, PIECE=piece, PSTRIDE=piece * sparse,
+            CAP=cap, STATS=stats is not None, num_warps=8 if block >= 1024 else 4,
         )

@@ -1,0 +1,183 @@
+"""``python -m indexer bench topk``: per-row top-k implementations side by side.
+
+The logits are real indexer logits (the chosen backend's, for the last ``--rows`` rows of a
+``--context``-key causal request: a late prefill chunk, every row ~N keys long). On the same
+block, in one process, each phase timed with CUDA events after warm-up (median of repeats):
+
+* ``torch.topk``: a bare ``torch.topk(logits, k)``, the baseline upstream uses;
+* ``torch path``: what ``INDEXER_TOPK=torch`` runs (topk(k+1) and the lowest-index tie rule);
+* ``triton``: our ragged kernel (``INDEXER_TOPK=triton``), with how many rows took the
+  sampled road;
+* ``flashinfer``: FlashInfer's ragged top-k where it imports.
+
+``floor`` is the bandwidth floor: bytes of valid logits (sum of row lengths x 4) over the
+copy bandwidth measured in the same run (a device-to-device copy, bytes read + written over
+its time). ``same`` is the fraction of rows whose set equals the torch path's.
+
+``--e2e`` adds whole replicated ``prefill_topk`` calls (logits + top-k, one rank) with each
+top-k choice, on the first ``--context``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+
+from .timing import median_ms, table
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rows", type=int, default=8192)
+    p.add_argument("--context", default="16384,65536,131072,262144", help="comma-separated key counts N")
+    p.add_argument("--heads", type=int, default=64)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--topk", type=int, default=2048)
+    p.add_argument("--backend", default=None, help="backend whose logits are used (default: automatic dispatch)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--e2e", default=None, help="comma-separated N for whole prefill_topk calls with each top-k choice")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--json", default=None, help="write the rows as JSON here")
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Device-to-device copy bandwidth in bytes/ms, counting bytes read and written."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src), device, warmup=2, repeats=repeats)
+    return 2 * nbytes / ms
+
+
+def flashinfer_topk():
+    """FlashInfer's ragged top-k as ``fn(logits, starts_rel, lengths, topk, out)`` (row-relative
+    indices like ours), or ``(None, reason)`` where it does not import."""
+    try:
+        from flashinfer import top_k_ragged_transform  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure is a reason to skip
+        return None, f"flashinfer: {type(exc).__name__}: {str(exc)[:60]}"
+    from flashinfer import top_k_ragged_transform
+
+    def fn(logits, starts_rel, lengths, topk, out):
+        # FlashInfer returns absolute columns (offset + j) of the block; make them row-relative
+        idx = top_k_ragged_transform(logits, starts_rel.to(torch.int32), lengths.to(torch.int32), topk)
+        out.copy_(torch.where(idx >= 0, idx - starts_rel[:, None].to(idx.dtype), -1))
+
+    return fn, ""
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.sort(1).values == b.sort(1).values).all(1).float().mean().item()
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..backends import select_backend
+    from ..platform import platform_for_device
+    from ..backends.topk_torch import torch_topk
+    from ..backends.triton import _kernels as tk
+    from ..problem import validate
+    from ..synthetic import make_inputs
+
+    device = torch.device(args.device)
+    bw = copy_bandwidth(device) if device.type == "cuda" else None
+    fi, fi_reason = flashinfer_topk() if device.type == "cuda" else (None, "cuda only")
+    have_triton = tk.is_available()[0] and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+    rows = []
+    k = args.topk
+    for n in [int(x) for x in args.context.split(",")]:
+        m = min(args.rows, n)
+        inp = make_inputs([n], [m], args.heads, args.head_dim, device, seed=n)
+        problem = validate(*inp.args(), k)
+        backend = select_backend(problem, platform_for_device(device), args.backend or "auto")
+        ws = torch.empty(m, n, dtype=torch.float32, device=device) if backend.uses_workspace else None
+        logits = backend.logits(problem, (0, m), (0, n), ws)
+        starts = problem.row_starts.to(torch.int64)
+        lengths = problem.row_ends.to(torch.int64) - starts
+        valid_bytes = int(lengths.sum()) * 4
+        floor = valid_bytes / bw if bw else None
+        ref = torch.empty(m, k, dtype=torch.int32, device=device)
+        torch_topk(problem, logits, (0, m), 0, ref)
+        base = dict(N=n, M=m, logits=backend.name, floor_ms=floor)
+
+        def add(method, fn, out, note=""):
+            ms = median_ms(fn, device, warmup=1, repeats=args.repeats)
+            fn()
+            rows.append(dict(base, method=method, ms=ms, same=_same(out, ref) if out is not None else None,
+                             x_floor=ms / floor if floor else None, note=note))
+
+        vals = torch.empty(m, k, dtype=torch.float32, device=device)
+        idx = torch.empty(m, k, dtype=torch.int64, device=device)
+        add("torch.topk", lambda: torch.topk(logits, k, dim=1, out=(vals, idx)), None)
+        out = torch.empty(m, k, dtype=torch.int32, device=device)
+        add("torch path", lambda: torch_topk(problem, logits, (0, m), 0, out), out)
+        if have_triton:
+            from ..backends.triton._topk import STAT_SAMPLED, ragged_topk
+
+            stats = torch.zeros(3, dtype=torch.int32, device=device)
+            ragged_topk(logits, starts, lengths, k, out, stats=stats)
+            sampled = stats[STAT_SAMPLED].item() / m
+            add("triton", lambda: ragged_topk(logits, starts, lengths, k, out), out, f"{sampled:.0%} rows sampled")
+        if fi is not None:
+            try:
+                add("flashinfer", lambda: fi(logits, starts, lengths, k, out), out)
+            except Exception as exc:  # noqa: BLE001 - a failing call is a row, not a crash
+                rows.append(dict(base, method="flashinfer", note=f"{type(exc).__name__}: {str(exc)[:60]}"))
+        else:
+            rows.append(dict(base, method="flashinfer", note=fi_reason))
+        torch_ms = next(r["ms"] for r in rows if r["N"] == n and r["method"] == "torch.topk")
+        for r in rows:
+            if r["N"] == n and r.get("ms"):
+                r["speedup"] = torch_ms / r["ms"]
+        del logits, ws
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    cols = [("N", "keys N", "d"), ("M", "rows M", "d"), ("method", "top-k", "s"), ("ms", "ms", ".3f"),
+            ("speedup", "vs torch.topk", ".2f"), ("floor_ms", "floor ms", ".3f"), ("x_floor", "x floor", ".2f"),
+            ("same", "same set", ".1%"), ("note", "note", "s")]
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    bw_text = f", copy bandwidth {bw / 1e9:.2f} TB/s" if bw else ""
+    print(f"bench topk: topk={k} H={args.heads} D={args.head_dim} on {device} ({name}){bw_text}, median of {args.repeats}")
+    print(table(rows, cols))
+    e2e = _end_to_end(args, device) if args.e2e else []
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(copy_bytes_per_ms=bw, topk=rows, e2e=e2e), f, indent=1)
+    return 0
+
+
+def _end_to_end(args: argparse.Namespace, device: torch.device) -> list[dict]:
+    """Whole replicated ``prefill_topk`` calls, once per top-k choice, side by side."""
+    import indexer
+
+    from ..platform import platform_key
+    from ..synthetic import make_inputs
+
+    var = f"INDEXER_{platform_key(device).upper()}_TOPK"
+    saved = os.environ.get(var)
+    rows = []
+    try:
+        for n in [int(x) for x in args.e2e.split(",")]:
+            m = min(args.rows, n)
+            inp = make_inputs([n], [m], args.heads, args.head_dim, device, seed=n)
+            results = {}
+            for choice in ("torch", "triton"):
+                os.environ[var] = choice
+                call = lambda: indexer.prefill_topk(*inp.args(), args.topk, backend=args.backend)  # noqa: E731
+                ms = median_ms(call, device, warmup=1, repeats=args.repeats)
+                results[choice] = call()
+                rows.append(dict(N=n, M=m, topk_choice=choice, ms=ms))
+            same = _same(results["torch"], results["triton"])
+            base = rows[-2]["ms"]
+            for r in rows[-2:]:
+                r["speedup"] = base / r["ms"]
+                r["same"] = same
+    finally:
+        if saved is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = saved
+    print(f"end to end, replicated prefill_topk (logits + top-k), backend {args.backend or 'auto'}:")
+    print(table(rows, [("N", "keys N", "d"), ("M", "rows M", "d"), ("topk_choice", "INDEXER_TOPK", "s"),
+                       ("ms", "ms", ".2f"), ("speedup", "vs torch", ".2f"), ("same", "same set", ".1%")]))
+    return rows
