@@ -28,8 +28,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=None, help="write the rows as JSON here")
     p.add_argument("--tune-triton", action="store_true",
-                   help="time every fused Triton config for this H, D on the largest --context and print the best "
-                        "(configs are a fixed table per (H, D), not a per-process autotune: see triton/_kernels.py)")
+                   help="time fused Triton configs for this H, D on the largest --context, side by side with "
+                        "DeepGEMM, and print the best (configs are a fixed table per (H, D), not a per-process "
+                        "autotune: see triton/_kernels.py)")
+    p.add_argument("--tune-layouts", default="keys,rows", help="operand orders to try: keys (keys-major), rows")
+    p.add_argument("--tune-pairs", default="128,256", help="(row, head) pairs per program to try (keys-major)")
+    p.add_argument("--tune-block-n", default="64,128")
+    p.add_argument("--tune-warps", default="4,8")
+    p.add_argument("--tune-stages", default="2,3")
 
 
 def tune_triton(args: argparse.Namespace) -> int:
@@ -48,13 +54,15 @@ def tune_triton(args: argparse.Namespace) -> int:
     saved = tk.FUSED_CONFIGS.get(key)
     rows = []
     configs = []
-    for keys_major in (True, False):
-        for pairs in ((128, 256) if keys_major else (128,)):
+    ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
+    for layout in args.tune_layouts.split(","):
+        keys_major = layout == "keys"
+        for pairs in ints(args.tune_pairs) if keys_major else [128]:
             if pairs < h:
                 continue
-            for block_n in (64, 128):
-                for warps in (4, 8):
-                    for stages in (2, 3):
+            for block_n in ints(args.tune_block_n):
+                for warps in ints(args.tune_warps):
+                    for stages in ints(args.tune_stages):
                         configs.append(tk.FusedConfig(keys_major, pairs // h, block_n, warps, stages))
     try:
         for cfg in configs:
