@@ -70,11 +70,34 @@ def _check(logits, masked, starts, lengths, topk, **kw):
     return stats
 
 
-@pytest.mark.parametrize("quantize", [None, 4.0])
-def test_sampled_road_selects_the_torch_set(quantize):
+@pytest.mark.parametrize("quantize,radix_bits", [(None, 4), (4.0, 4), (None, 8), (4.0, 2), (None, 1)])
+def test_sampled_road_selects_the_torch_set(quantize, radix_bits):
     logits, masked, starts, lengths = _case(12, 900, 24, seed=5, quantize=quantize, pad=3, min_length=400)
-    stats = _check(logits, masked, starts, lengths, 24, cap=256, **SMALL_ROAD)
+    stats = _check(logits, masked, starts, lengths, 24, cap=256, radix_bits=radix_bits, **SMALL_ROAD)
     assert stats[T.STAT_SAMPLED] >= 8, stats  # the road was really taken
+
+
+@pytest.mark.parametrize("road", ["plain", "sampled"])
+def test_special_values_order_like_floats(road):
+    # signed zeros tie, infinities, the extremes of float32, subnormals, both signs
+    tiny = torch.finfo(torch.float32).tiny
+    big = torch.finfo(torch.float32).max
+    special = torch.tensor([0.0, -0.0, float("-inf"), float("inf"), big, -big, tiny / 4, -tiny / 4, 1.0, -1.0])
+    g = torch.Generator().manual_seed(3)
+    vals = special[torch.randint(0, special.numel(), (4, 640), generator=g)]
+    starts = torch.tensor([0, 5, 17, 0])
+    lengths = torch.tensor([640, 600, 623, 100])
+    col = torch.arange(640)
+    inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
+    masked = torch.where(inside, vals, float("-inf"))
+    kw = SMALL_ROAD if road == "sampled" else dict(sample_min=1 << 30)
+    _check(vals.to(DEVICE), masked, starts, lengths, 40, cap=512, **kw)
+
+
+def test_bad_radix_bits_is_refused():
+    logits = torch.zeros(1, 10, device=DEVICE)
+    with pytest.raises(ValueError, match="radix_bits"):
+        T.ragged_topk(logits, torch.zeros(1), torch.full((1,), 10), 8, torch.empty(1, 8, dtype=torch.int32), radix_bits=3)
 
 
 def test_unlucky_sample_falls_back_to_the_plain_select():

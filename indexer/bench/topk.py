@@ -8,7 +8,8 @@ block, in one process, each phase timed with CUDA events after warm-up (median o
 * ``torch path``: what ``INDEXER_TOPK=torch`` runs (topk(k+1) and the lowest-index tie rule);
 * ``triton``: our ragged kernel (``INDEXER_TOPK=triton``), with how many rows took the
   sampled road;
-* ``flashinfer``: FlashInfer's ragged top-k where it imports.
+* ``flashinfer``: FlashInfer's ``top_k_ragged_transform`` where it imports, with the
+  lowest-index tie rule (``tie_break=1``, ours) and with any tie order (``tie_break=0``).
 
 ``floor`` is the bandwidth floor: bytes of valid logits (sum of row lengths x 4) over the
 copy bandwidth measured in the same run (a device-to-device copy, bytes read + written over
@@ -50,19 +51,26 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5
     return 2 * nbytes / ms
 
 
-def flashinfer_topk():
+def flashinfer_topk(tie_break: int = 1):
     """FlashInfer's ragged top-k as ``fn(logits, starts_rel, lengths, topk, out)`` (row-relative
-    indices like ours), or ``(None, reason)`` where it does not import."""
+    indices like ours), or ``(None, reason)`` where it does not import. ``tie_break=1`` asks
+    for the lowest index among ties, our rule; 0 lets ties resolve any way."""
     try:
-        from flashinfer import top_k_ragged_transform  # noqa: F401
+        from flashinfer import top_k_ragged_transform
     except Exception as exc:  # noqa: BLE001 - any import failure is a reason to skip
         return None, f"flashinfer: {type(exc).__name__}: {str(exc)[:60]}"
-    from flashinfer import top_k_ragged_transform
 
     def fn(logits, starts_rel, lengths, topk, out):
-        # FlashInfer returns absolute columns (offset + j) of the block; make them row-relative
-        idx = top_k_ragged_transform(logits, starts_rel.to(torch.int32), lengths.to(torch.int32), topk)
-        out.copy_(torch.where(idx >= 0, idx - starts_rel[:, None].to(idx.dtype), -1))
+        rows, n = logits.shape
+        x = logits
+        if logits.stride(0) != n:
+            # its main path needs contiguous rows: widen a row-padded block to its full stride
+            x = logits.as_strided((rows, logits.stride(0)), (logits.stride(0), 1))
+        starts = starts_rel.to(torch.int32)
+        # offsets 0 and row_starts = the window starts: indices come back row-relative
+        res = top_k_ragged_transform(x, torch.zeros_like(starts), lengths.to(torch.int32), topk,
+                                     tie_break=tie_break, row_starts=starts)
+        out.copy_(res)
 
     return fn, ""
 
@@ -119,10 +127,12 @@ def run(args: argparse.Namespace) -> int:
             sampled = stats[STAT_SAMPLED].item() / m
             add("triton", lambda: ragged_topk(logits, starts, lengths, k, out), out, f"{sampled:.0%} rows sampled")
         if fi is not None:
-            try:
-                add("flashinfer", lambda: fi(logits, starts, lengths, k, out), out)
-            except Exception as exc:  # noqa: BLE001 - a failing call is a row, not a crash
-                rows.append(dict(base, method="flashinfer", note=f"{type(exc).__name__}: {str(exc)[:60]}"))
+            for tie_break, label in ((1, "flashinfer"), (0, "flashinfer any-tie")):
+                fn = flashinfer_topk(tie_break)[0]
+                try:
+                    add(label, lambda: fn(logits, starts, lengths, k, out), out)
+                except Exception as exc:  # noqa: BLE001 - a failing call is a row, not a crash
+                    rows.append(dict(base, method=label, note=f"{type(exc).__name__}: {str(exc)[:60]}"))
         else:
             rows.append(dict(base, method="flashinfer", note=fi_reason))
         torch_ms = next(r["ms"] for r in rows if r["N"] == n and r["method"] == "torch.topk")

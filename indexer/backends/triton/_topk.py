@@ -42,8 +42,10 @@ except Exception:  # noqa: BLE001 - reported by _kernels.is_available
 
 #: Default shape of the road for long rows (see the module docstring). ``CAP`` bounds the
 #: scratch: ``programs * CAP * 8`` bytes.
-PIECE, SPARSE, CAP = 256, 16, 8192
-PROGRAMS_PER_SM = 4
+PIECE, SPARSE, CAP = 256, 32, 8192
+RADIX_BITS = 4
+NUM_WARPS = 4
+PROGRAMS_PER_SM = 8
 #: Counters of :func:`ragged_topk`'s ``stats``: rows listed whole (at most k keys), rows
 #: selected from sampled candidates, rows that took the plain radix select.
 STAT_SHORT, STAT_SAMPLED, STAT_PLAIN = 0, 1, 2
@@ -51,43 +53,46 @@ STAT_SHORT, STAT_SAMPLED, STAT_PLAIN = 0, 1, 2
 if triton is not None:
 
     @triton.jit
-    def _order_key(v):
-        # float32 -> int64 in [0, 2^32) with the same order as the floats; -0.0 maps to
-        # +0.0's key, since the two compare equal (and the torch path ties them)
-        bits = v.to(tl.int32, bitcast=True).to(tl.int64)
+    def _skey(v):
+        # float32 -> int32 whose signed order is the floats' order; -0.0 gets +0.0's key,
+        # since the two compare equal (and the torch path ties them). All 32-bit: 64-bit
+        # integer ops cost two instructions each in the streaming pass.
+        bits = v.to(tl.int32, bitcast=True)
         bits = tl.where(bits == -2147483648, 0, bits)
-        flip = tl.where(bits < 0, 0xFFFFFFFF, 0x80000000)
-        return (bits & 0xFFFFFFFF) ^ flip
+        return bits ^ ((bits >> 31) & 0x7FFFFFFF)
 
     @triton.jit
-    def _kth_largest(ptr, n, limit, need, BLOCK: tl.constexpr, PIECE: tl.constexpr, PSTRIDE: tl.constexpr):
-        """Key of the ``need``-th largest of the values at ``ptr + col(i)``, ``i < n`` and
-        ``col(i) < limit``, where ``col(i) = (i // PIECE) * PSTRIDE + i % PIECE`` (contiguous
-        when ``PIECE == PSTRIDE``); and how many keys equal to it are among the ``need``."""
-        bins = tl.arange(0, 512)
-        prefix = tl.full((), 0, tl.int64)
-        prefix_mask = tl.full((), 0, tl.int64)
-        for p in tl.static_range(4):
-            shift = 24 - 8 * p
-            hist = tl.zeros((512,), dtype=tl.int32)
+    def _kth_largest(ptr, n, limit, need, BLOCK: tl.constexpr, PIECE: tl.constexpr, PSTRIDE: tl.constexpr,
+                     RADIX_BITS: tl.constexpr, R: tl.constexpr):
+        """Key (:func:`_skey`) of the ``need``-th largest of the values at ``ptr + col(i)``,
+        ``i < n`` and ``col(i) < limit``, where ``col(i) = (i // PIECE) * PSTRIDE + i % PIECE``
+        (contiguous when ``PIECE == PSTRIDE``); and how many keys equal to it are among the
+        ``need``. Radix select, ``RADIX_BITS`` a pass, most significant digit first, on the
+        key's unsigned form (sign bit flipped); ``R = 2 ** RADIX_BITS`` bins."""
+        bins = tl.arange(0, 2 * R)
+        prefix = tl.full((), 0, tl.int32)
+        prefix_mask = tl.full((), 0, tl.int32)
+        digit_mask = tl.full((), R - 1, tl.int32)
+        for p in tl.static_range(32 // RADIX_BITS):
+            shift = 32 - RADIX_BITS * (p + 1)
+            hist = tl.zeros((2 * R,), dtype=tl.int32)
             for c0 in range(0, n, BLOCK):
                 i = c0 + tl.arange(0, BLOCK)
                 col = (i // PIECE) * PSTRIDE + i % PIECE
                 m = (i < n) & (col < limit)
-                key = _order_key(tl.load(ptr + col, mask=m, other=0.0))
-                match = m & ((key & prefix_mask) == prefix)
-                digit = ((key >> shift) & 255).to(tl.int32)
-                # bin 256 collects what does not match (tl.histogram has no mask)
-                hist += tl.histogram(tl.where(match, digit, 256), 512)
-            hist = tl.where(bins < 256, hist, 0)
+                u = _skey(tl.load(ptr + col, mask=m, other=0.0)) ^ -2147483648
+                match = m & ((u & prefix_mask) == prefix)
+                # bins R..2R-1 collect what does not match (cheaper than the histogram's mask)
+                hist += tl.histogram(tl.where(match, (u >> shift) & digit_mask, R), 2 * R)
+            hist = tl.where(bins < R, hist, 0)
             # suffix[d] = keys whose digit is >= d; the wanted key sits in the largest bin
             # whose suffix still reaches `need`
             suffix = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
-            b = tl.max(tl.where((bins < 256) & (suffix >= need), bins, -1), axis=0)
+            b = tl.max(tl.where((bins < R) & (suffix >= need), bins, -1), axis=0)
             need -= tl.sum(tl.where(bins > b, hist, 0), axis=0)
-            prefix = prefix | (b.to(tl.int64) << shift)
-            prefix_mask = prefix_mask | (255 << shift)
-        return prefix, need
+            prefix = prefix | (b << shift)
+            prefix_mask = prefix_mask | (digit_mask << shift)
+        return prefix ^ -2147483648, need
 
     @triton.jit
     def _emit(vals_ptr, cols_ptr, n, kth, need, obase, BLOCK: tl.constexpr, HAS_COLS: tl.constexpr):
@@ -98,7 +103,7 @@ if triton is not None:
         for c0 in range(0, n, BLOCK):
             i = c0 + tl.arange(0, BLOCK)
             m = i < n
-            key = _order_key(tl.load(vals_ptr + i, mask=m, other=0.0))
+            key = _skey(tl.load(vals_ptr + i, mask=m, other=0.0))
             eq = (m & (key == kth)).to(tl.int32)
             sel = (m & (key > kth)) | ((eq_seen + tl.cumsum(eq, axis=0) <= need) & (eq > 0))
             pos = taken + tl.cumsum(sel.to(tl.int32), axis=0) - 1
@@ -121,6 +126,8 @@ if triton is not None:
         PIECE: tl.constexpr,
         PSTRIDE: tl.constexpr,
         CAP: tl.constexpr,
+        RADIX_BITS: tl.constexpr,
+        R: tl.constexpr,
         STATS: tl.constexpr,
     ):
         pid = tl.program_id(0)
@@ -149,13 +156,13 @@ if triton is not None:
                     r = (mu + 4.0 * tl.sqrt(mu) + 1.0).to(tl.int32)
                     r = tl.minimum(r, s)
                     npieces = (length + PSTRIDE - 1) // PSTRIDE
-                    t, _unused = _kth_largest(base, npieces * PIECE, length, r, BLOCK, PIECE, PSTRIDE)
+                    t, _unused = _kth_largest(base, npieces * PIECE, length, r, BLOCK, PIECE, PSTRIDE, RADIX_BITS, R)
                     cnt = tl.full((), 0, tl.int32)
                     for c0 in range(0, length, FBLOCK):
                         cols = c0 + tl.arange(0, FBLOCK)
                         m = cols < length
                         v = tl.load(base + cols, mask=m, other=0.0)
-                        sel = m & (_order_key(v) >= t)
+                        sel = m & (_skey(v) >= t)
                         pos = cnt + tl.cumsum(sel.to(tl.int32), axis=0) - 1
                         ok = sel & (pos < CAP)
                         tl.store(sv + pos, v, mask=ok)
@@ -164,13 +171,13 @@ if triton is not None:
                     # the scratch was written by other threads of this program
                     tl.debug_barrier()
                     if (cnt >= K) & (cnt <= CAP):
-                        kth, need = _kth_largest(sv, cnt, cnt, K, BLOCK, BLOCK, BLOCK)
+                        kth, need = _kth_largest(sv, cnt, cnt, K, BLOCK, BLOCK, BLOCK, RADIX_BITS, R)
                         _emit(sv, sc, cnt, kth, need, obase, BLOCK, True)
                         plain = 0
                     # the next row overwrites the scratch
                     tl.debug_barrier()
                 if plain != 0:
-                    kth, need = _kth_largest(base, length, length, K, BLOCK, BLOCK, BLOCK)
+                    kth, need = _kth_largest(base, length, length, K, BLOCK, BLOCK, BLOCK, RADIX_BITS, R)
                     _emit(base, base, length, kth, need, obase, BLOCK, False)
                 if STATS:
                     tl.atomic_add(stats_ptr + 2 - (1 - plain), 1)
@@ -180,10 +187,10 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def _programs(device: torch.device, rows: int) -> int:
+def _programs(device: torch.device, rows: int, per_sm: int) -> int:
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        return max(1, min(rows, sms * PROGRAMS_PER_SM))
+        return max(1, min(rows, sms * per_sm))
     return max(1, min(rows, 4))  # Triton's interpreter runs programs one by one
 
 
@@ -195,7 +202,10 @@ def ragged_topk(
     out: torch.Tensor,
     block: int = 1024,
     *,
-    filter_block: int = 4096,
+    filter_block: int = 1024,
+    radix_bits: int = RADIX_BITS,
+    num_warps: int = NUM_WARPS,
+    programs_per_sm: int = PROGRAMS_PER_SM,
     piece: int = PIECE,
     sparse: int = SPARSE,
     cap: int | None = None,
@@ -214,11 +224,14 @@ def ragged_topk(
             key, unordered, ``-1`` padded.
         block: Keys per step of the histogram and write passes (a power of two).
         filter_block: Keys per step of the filtering pass (a power of two).
+        radix_bits: Bits of the key resolved per histogram pass (1, 2, 4 or 8): fewer bins
+            make a pass cheaper in Triton than fewer passes do.
+        num_warps, programs_per_sm: Launch shape (the grid is persistent).
         piece, sparse, cap: The long-row road: sampled pieces of ``piece`` keys, one piece
             in every ``sparse``; at most ``cap`` candidates (default ``max(CAP, 4 * topk)``
             rounded up to a power of two; ``cap >= topk``).
         sample_min: Rows shorter than this take the plain radix select (default
-            ``8 * topk``: below it the sample is too small to save a pass).
+            ``4 * topk``: below it the sample saves little).
         stats: Optional int32 ``[3]`` on the logits' device; the kernel adds each row to
             one counter (``STAT_SHORT``, ``STAT_SAMPLED``, ``STAT_PLAIN``).
     """
@@ -236,13 +249,15 @@ def ragged_topk(
     device = logits.device
     starts = starts_rel.to(torch.int32).contiguous()
     lens = lengths.to(torch.int32).contiguous()
-    programs = _programs(device, rows)
+    if radix_bits not in (1, 2, 4, 8):
+        raise ValueError(f"radix_bits must be 1, 2, 4 or 8, got {radix_bits}")
+    programs = _programs(device, rows, programs_per_sm)
     scratch_v = torch.empty(programs, cap, dtype=torch.float32, device=device)
     scratch_c = torch.empty(programs, cap, dtype=torch.int32, device=device)
     with device_guard(logits):
         _ragged_topk_kernel[(programs,)](
             logits, starts, lens, out, scratch_v, scratch_c, stats if stats is not None else lens,
-            rows, logits.stride(0), out.stride(0), 8 * topk if sample_min is None else sample_min,
+            rows, logits.stride(0), out.stride(0), 4 * topk if sample_min is None else sample_min,
             K=topk, KP=_next_pow2(topk), BLOCK=block, FBLOCK=filter_block, PIECE=piece, PSTRIDE=piece * sparse,
-            CAP=cap, STATS=stats is not None, num_warps=8 if block >= 1024 else 4,
+            CAP=cap, RADIX_BITS=radix_bits, R=1 << radix_bits, STATS=stats is not None, num_warps=num_warps,
         )
