@@ -42,7 +42,7 @@ except Exception:  # noqa: BLE001 - reported by _kernels.is_available
 
 #: Default shape of the road for long rows (see the module docstring). ``CAP`` bounds the
 #: scratch: ``programs * CAP * 8`` bytes.
-PIECE, SPARSE, CAP = 256, 32, 8192
+PIECE, SPARSE, CAP = 256, 64, 8192
 RADIX_BITS = 4
 NUM_WARPS = 4
 PROGRAMS_PER_SM = 8
@@ -128,13 +128,13 @@ if triton is not None:
         CAP: tl.constexpr,
         RADIX_BITS: tl.constexpr,
         R: tl.constexpr,
+        PREFETCH: tl.constexpr,
         STATS: tl.constexpr,
     ):
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
         sv = scratch_v_ptr + pid.to(tl.int64) * CAP
         sc = scratch_c_ptr + pid.to(tl.int64) * CAP
-        kk = tl.arange(0, KP)
         for row32 in range(pid, rows, nprog):
             row = row32 + tl.zeros((), tl.int64)  # 64-bit offsets (an int under the interpreter)
             start = tl.load(starts_ptr + row).to(tl.int64)
@@ -142,6 +142,7 @@ if triton is not None:
             base = logits_ptr + row * stride_lm + start
             obase = out_ptr + row * stride_om
             if length <= K:
+                kk = tl.arange(0, KP)
                 tl.store(obase + kk, tl.where(kk < length, kk, -1), mask=kk < K)
                 if STATS:
                     tl.atomic_add(stats_ptr + 0, 1)
@@ -158,10 +159,17 @@ if triton is not None:
                     npieces = (length + PSTRIDE - 1) // PSTRIDE
                     t, _unused = _kth_largest(base, npieces * PIECE, length, r, BLOCK, PIECE, PSTRIDE, RADIX_BITS, R)
                     cnt = tl.full((), 0, tl.int32)
+                    ahead = tl.load(base + tl.arange(0, FBLOCK), mask=tl.arange(0, FBLOCK) < length, other=0.0)
                     for c0 in range(0, length, FBLOCK):
                         cols = c0 + tl.arange(0, FBLOCK)
                         m = cols < length
-                        v = tl.load(base + cols, mask=m, other=0.0)
+                        v = ahead
+                        if PREFETCH:
+                            # issue the next block's load before this block's scan, whose
+                            # cross-warp steps would otherwise expose the load's latency
+                            ahead = tl.load(base + cols + FBLOCK, mask=cols + FBLOCK < length, other=0.0)
+                        else:
+                            v = tl.load(base + cols, mask=m, other=0.0)
                         sel = m & (_skey(v) >= t)
                         pos = cnt + tl.cumsum(sel.to(tl.int32), axis=0) - 1
                         ok = sel & (pos < CAP)
@@ -200,9 +208,10 @@ def ragged_topk(
     lengths: torch.Tensor,
     topk: int,
     out: torch.Tensor,
-    block: int = 1024,
+    block: int = 512,
     *,
-    filter_block: int = 1024,
+    filter_block: int = 512,
+    prefetch: bool = True,
     radix_bits: int = RADIX_BITS,
     num_warps: int = NUM_WARPS,
     programs_per_sm: int = PROGRAMS_PER_SM,
@@ -224,6 +233,7 @@ def ragged_topk(
             key, unordered, ``-1`` padded.
         block: Keys per step of the histogram and write passes (a power of two).
         filter_block: Keys per step of the filtering pass (a power of two).
+        prefetch: Load the filtering pass's next block before scanning the current one.
         radix_bits: Bits of the key resolved per histogram pass (1, 2, 4 or 8): fewer bins
             make a pass cheaper in Triton than fewer passes do.
         num_warps, programs_per_sm: Launch shape (the grid is persistent).
@@ -259,5 +269,5 @@ def ragged_topk(
             logits, starts, lens, out, scratch_v, scratch_c, stats if stats is not None else lens,
             rows, logits.stride(0), out.stride(0), 4 * topk if sample_min is None else sample_min,
             K=topk, KP=_next_pow2(topk), BLOCK=block, FBLOCK=filter_block, PIECE=piece, PSTRIDE=piece * sparse,
-            CAP=cap, RADIX_BITS=radix_bits, R=1 << radix_bits, STATS=stats is not None, num_warps=num_warps,
+            CAP=cap, RADIX_BITS=radix_bits, R=1 << radix_bits, PREFETCH=prefetch, STATS=stats is not None, num_warps=num_warps,
         )
