@@ -129,10 +129,12 @@ TOPK = _declare(
         "torch",
         "Top-k kernel of the deepgemm and triton backends (and aiter where AITER has none): "
         "'torch' (torch.topk, lowest-index ties) or 'triton' (our radix-select kernel that "
-        "reads each row's window only; same tie rule, same sets). The torch backend always "
-        "uses torch.topk: it is the reference.",
+        "reads each row's window only; same tie rule, same sets). 'triton' by default on "
+        "NVIDIA, where it measured 2-3x faster than torch.topk (docs/benchmarks.md); 'torch' "
+        "elsewhere until measured. The torch backend always uses torch.topk: it is the reference.",
         choices=("torch", "triton"),
         per_platform=True,
+        platform_defaults={"cuda": "triton"},
     )
 )
 MAX_LOGITS_MB = _declare(

@@ -41,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--e2e", default=None, help="comma-separated N for whole prefill_topk calls with each top-k choice")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=None, help="write the rows as JSON here")
+    p.add_argument("--tune", action="store_true",
+                   help="first time the Triton kernel's launch configs on the largest --context, print them, and use "
+                        "the fastest for the rest of this run (commit it to TOPK_CONFIGS in triton/_topk.py to keep it)")
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5) -> float:
@@ -80,12 +83,8 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..backends import select_backend
-    from ..platform import platform_for_device
     from ..backends.topk_torch import torch_topk
     from ..backends.triton import _kernels as tk
-    from ..problem import validate
-    from ..synthetic import make_inputs
 
     device = torch.device(args.device)
     bw = copy_bandwidth(device) if device.type == "cuda" else None
@@ -93,13 +92,12 @@ def run(args: argparse.Namespace) -> int:
     have_triton = tk.is_available()[0] and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
     rows = []
     k = args.topk
+    tuned = None
+    if args.tune and have_triton and device.type == "cuda":
+        tuned = _tune(args, device)
     for n in [int(x) for x in args.context.split(",")]:
-        m = min(args.rows, n)
-        inp = make_inputs([n], [m], args.heads, args.head_dim, device, seed=n)
-        problem = validate(*inp.args(), k)
-        backend = select_backend(problem, platform_for_device(device), args.backend or "auto")
-        ws = torch.empty(m, n, dtype=torch.float32, device=device) if backend.uses_workspace else None
-        logits = backend.logits(problem, (0, m), (0, n), ws)
+        problem, backend, logits = _late_chunk_logits(args, device, n)
+        m = logits.shape[0]
         starts = problem.row_starts.to(torch.int64)
         lengths = problem.row_ends.to(torch.int64) - starts
         valid_bytes = int(lengths.sum()) * 4
@@ -139,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         for r in rows:
             if r["N"] == n and r.get("ms"):
                 r["speedup"] = torch_ms / r["ms"]
-        del logits, ws
+        logits = None  # free the block before the next context's
         if device.type == "cuda":
             torch.cuda.empty_cache()
     cols = [("N", "keys N", "d"), ("M", "rows M", "d"), ("method", "top-k", "s"), ("ms", "ms", ".3f"),
@@ -152,8 +150,50 @@ def run(args: argparse.Namespace) -> int:
     e2e = _end_to_end(args, device) if args.e2e else []
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(copy_bytes_per_ms=bw, topk=rows, e2e=e2e), f, indent=1)
+            json.dump(dict(copy_bytes_per_ms=bw, tuned=tuned, topk=rows, e2e=e2e), f, indent=1)
     return 0
+
+
+def _late_chunk_logits(args: argparse.Namespace, device: torch.device, n: int):
+    from ..backends import select_backend
+    from ..platform import platform_for_device
+    from ..problem import validate
+    from ..synthetic import make_inputs
+
+    m = min(args.rows, n)
+    inp = make_inputs([n], [m], args.heads, args.head_dim, device, seed=n)
+    problem = validate(*inp.args(), args.topk)
+    backend = select_backend(problem, platform_for_device(device), args.backend or "auto")
+    ws = torch.empty(m, n, dtype=torch.float32, device=device) if backend.uses_workspace else None
+    return problem, backend, backend.logits(problem, (0, m), (0, n), ws)
+
+
+def _tune(args: argparse.Namespace, device: torch.device) -> dict:
+    """Time the Triton top-k's launch configs side by side on the largest context; install
+    the fastest in ``TOPK_CONFIGS`` for this process and return it."""
+    from ..backends.triton import _topk as T
+
+    n = max(int(x) for x in args.context.split(","))
+    problem, _, logits = _late_chunk_logits(args, device, n)
+    starts = problem.row_starts.to(torch.int64)
+    lengths = problem.row_ends.to(torch.int64) - starts
+    out = torch.empty(logits.shape[0], args.topk, dtype=torch.int32, device=device)
+    rows = []
+    for filter_block in (512, 1024, 2048):
+        for block in (256, 512):
+            for per_sm in (8, 16):
+                cfg = dict(block=block, filter_block=filter_block, num_warps=T.NUM_WARPS, programs_per_sm=per_sm)
+                ms = median_ms(lambda: T.ragged_topk(logits, starts, lengths, args.topk, out, **cfg), device,
+                               warmup=1, repeats=args.repeats)
+                rows.append(dict(cfg, ms=ms))
+    rows.sort(key=lambda r: r["ms"])
+    print(f"Triton top-k launch configs, N={n} M={logits.shape[0]} topk={args.topk}, median of {args.repeats}")
+    print(table(rows, [("filter_block", "filter_block", "d"), ("block", "block", "d"), ("num_warps", "warps", "d"),
+                       ("programs_per_sm", "programs/SM", "d"), ("ms", "ms", ".3f")]))
+    best = {key: rows[0][key] for key in ("block", "filter_block", "num_warps", "programs_per_sm")}
+    T.TOPK_CONFIGS[T._arch(device)] = best
+    print(f"best: TOPK_CONFIGS[{T._arch(device)!r}] = {best} (used for the rest of this run)")
+    return best
 
 
 def _end_to_end(args: argparse.Namespace, device: torch.device) -> list[dict]:

@@ -29,6 +29,8 @@ lazily; :func:`is_available` in ``_kernels`` reports whether it is there.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ._kernels import device_guard
@@ -191,6 +193,27 @@ if triton is not None:
                     tl.atomic_add(stats_ptr + 2 - (1 - plain), 1)
 
 
+#: Launch config per GPU architecture (``sm90``, ``gfx942``...), from ``python -m indexer bench
+#: topk --tune``; architectures not listed take :data:`DEFAULT_CONFIG`. Unlike the logits
+#: kernel's configs these may differ by chunk: the selected set does not depend on them.
+DEFAULT_CONFIG = dict(block=512, filter_block=512, num_warps=NUM_WARPS, programs_per_sm=PROGRAMS_PER_SM)
+TOPK_CONFIGS: dict[str, dict] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _arch(device: torch.device) -> str:
+    props = torch.cuda.get_device_properties(device)
+    arch = getattr(props, "gcnArchName", "") or ""
+    return arch.split(":")[0] if arch.startswith("gfx") else f"sm{props.major}{props.minor}"
+
+
+def launch_config(device: torch.device) -> dict:
+    """The launch config :func:`ragged_topk` uses on ``device`` (CPU: the default)."""
+    if device.type != "cuda":
+        return dict(DEFAULT_CONFIG)
+    return dict(DEFAULT_CONFIG, **TOPK_CONFIGS.get(_arch(device), {}))
+
+
 def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
@@ -208,13 +231,13 @@ def ragged_topk(
     lengths: torch.Tensor,
     topk: int,
     out: torch.Tensor,
-    block: int = 512,
+    block: int | None = None,
     *,
-    filter_block: int = 512,
+    filter_block: int | None = None,
     prefetch: bool = True,
     radix_bits: int = RADIX_BITS,
-    num_warps: int = NUM_WARPS,
-    programs_per_sm: int = PROGRAMS_PER_SM,
+    num_warps: int | None = None,
+    programs_per_sm: int | None = None,
     piece: int = PIECE,
     sparse: int = SPARSE,
     cap: int | None = None,
@@ -231,7 +254,8 @@ def ragged_topk(
         topk: Keys kept per row.
         out: int32 ``[R, topk]`` contiguous rows; gets indices relative to each row's first
             key, unordered, ``-1`` padded.
-        block: Keys per step of the histogram and write passes (a power of two).
+        block: Keys per step of the histogram and write passes (a power of two). This and
+            the other launch options left ``None`` come from :func:`launch_config`.
         filter_block: Keys per step of the filtering pass (a power of two).
         prefetch: Load the filtering pass's next block before scanning the current one.
         radix_bits: Bits of the key resolved per histogram pass (1, 2, 4 or 8): fewer bins
@@ -257,6 +281,11 @@ def ragged_topk(
     if cap < topk:
         raise ValueError(f"cap={cap} must be at least topk={topk}")
     device = logits.device
+    cfg = launch_config(device)
+    block = cfg["block"] if block is None else block
+    filter_block = cfg["filter_block"] if filter_block is None else filter_block
+    num_warps = cfg["num_warps"] if num_warps is None else num_warps
+    programs_per_sm = cfg["programs_per_sm"] if programs_per_sm is None else programs_per_sm
     starts = starts_rel.to(torch.int32).contiguous()
     lens = lengths.to(torch.int32).contiguous()
     if radix_bits not in (1, 2, 4, 8):
