@@ -44,6 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune", action="store_true",
                    help="first time the Triton kernel's launch configs on the largest --context, print them, and use "
                         "the fastest for the rest of this run (commit it to TOPK_CONFIGS in triton/_topk.py to keep it)")
+    p.add_argument("--tune-filter-block", default="512,1024,2048")
+    p.add_argument("--tune-block", default="256,512")
+    p.add_argument("--tune-warps", default="4")
+    p.add_argument("--tune-per-sm", default="8,16")
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5) -> float:
@@ -179,13 +183,14 @@ def _tune(args: argparse.Namespace, device: torch.device) -> dict:
     lengths = problem.row_ends.to(torch.int64) - starts
     out = torch.empty(logits.shape[0], args.topk, dtype=torch.int32, device=device)
     rows = []
-    for filter_block in (512, 1024, 2048):
-        for block in (256, 512):
-            for per_sm in (8, 16):
-                cfg = dict(block=block, filter_block=filter_block, num_warps=T.NUM_WARPS, programs_per_sm=per_sm)
-                ms = median_ms(lambda: T.ragged_topk(logits, starts, lengths, args.topk, out, **cfg), device,
-                               warmup=1, repeats=args.repeats)
-                rows.append(dict(cfg, ms=ms))
+    ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
+    grid = [dict(block=b, filter_block=f, num_warps=w, programs_per_sm=p)
+            for f in ints(args.tune_filter_block) for b in ints(args.tune_block)
+            for w in ints(args.tune_warps) for p in ints(args.tune_per_sm)]
+    for cfg in grid:
+        ms = median_ms(lambda: T.ragged_topk(logits, starts, lengths, args.topk, out, **cfg), device,
+                       warmup=1, repeats=args.repeats)
+        rows.append(dict(cfg, ms=ms))
     rows.sort(key=lambda r: r["ms"])
     print(f"Triton top-k launch configs, N={n} M={logits.shape[0]} topk={args.topk}, median of {args.repeats}")
     print(table(rows, [("filter_block", "filter_block", "d"), ("block", "block", "d"), ("num_warps", "warps", "d"),

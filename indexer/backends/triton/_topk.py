@@ -197,7 +197,10 @@ if triton is not None:
 #: topk --tune``; architectures not listed take :data:`DEFAULT_CONFIG`. Unlike the logits
 #: kernel's configs these may differ by chunk: the selected set does not depend on them.
 DEFAULT_CONFIG = dict(block=512, filter_block=512, num_warps=NUM_WARPS, programs_per_sm=PROGRAMS_PER_SM)
-TOPK_CONFIGS: dict[str, dict] = {}
+TOPK_CONFIGS: dict[str, dict] = {
+    # H200, M=8192 late chunk, N=256K, topk=2048 (docs/benchmarks.md)
+    "sm90": dict(block=512, filter_block=1024, num_warps=4, programs_per_sm=16),
+}
 
 
 @functools.lru_cache(maxsize=None)
