@@ -127,6 +127,12 @@ def test_candidate_overflow_falls_back_to_the_plain_select():
     assert stats[T.STAT_PLAIN] == 2, stats
 
 
+def test_sampled_road_without_prefetch_and_with_odd_blocks():
+    logits, masked, starts, lengths = _case(6, 700, 20, seed=9, pad=5, min_length=300)
+    stats = _check(logits, masked, starts, lengths, 20, cap=128, prefetch=False, block=128, filter_block=64, **SMALL_ROAD)
+    assert stats[T.STAT_SAMPLED] >= 3, stats
+
+
 def test_cap_below_topk_is_refused():
     logits = torch.zeros(1, 10, device=DEVICE)
     with pytest.raises(ValueError, match="cap"):

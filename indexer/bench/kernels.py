@@ -1,5 +1,8 @@
 """``python -m indexer bench kernels``: each backend's logits and top-k, side by side.
 
+Each backend's top-k is the one it runs in ``prefill_topk`` (``INDEXER_TOPK`` for the GPU
+backends); ``bench topk`` compares the top-k implementations themselves.
+
 One causal request; the ``--rows`` query rows are the last rows of a ``--context``-key
 history (a late prefill chunk). Every backend runs the same inputs in one process; each
 phase is timed with CUDA events after warm-up (median of repeats). Effective TFLOP/s counts
@@ -138,22 +141,21 @@ def run(args: argparse.Namespace) -> int:
             t_logits = median_ms(lambda: backend.logits(problem, (0, m), (0, n), ws), device, warmup=1, repeats=reps)
             t_topk = median_ms(lambda: backend.topk(problem, logits, (0, m), 0, out), device, warmup=1, repeats=reps)
             backend.topk(problem, logits, (0, m), 0, out)
-            t_radix, radix_same = _radix_topk(problem, logits, out, device, reps)
             sample = torch.arange(0, m, max(1, m // 64), device=device)
             if ref_idx is None:
                 ref_idx, ref_rows = _reference_sample(problem, sample, args.topk)
             same, valid = _agreement(out[sample], ref_idx, ref_rows, args.topk)
             rows.append(dict(
                 N=n, M=m, backend=name, logits_ms=t_logits, topk_ms=t_topk, total_ms=t_logits + t_topk,
-                tflops=flops / t_logits / 1e9, exact=same, valid=valid, radix_ms=t_radix, radix_same=radix_same, note="",
+                tflops=flops / t_logits / 1e9, exact=same, valid=valid, note="",
             ))
-            del logits, ws
+            logits = ws = None  # free the block before the next backend
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     cols = [("N", "keys N", "d"), ("M", "rows M", "d"), ("backend", "backend", "s"), ("logits_ms", "logits ms", ".2f"),
             ("topk_ms", "topk ms", ".2f"), ("total_ms", "total ms", ".2f"), ("tflops", "logits TFLOP/s", ".0f"),
             ("exact", "same set", ".0%"), ("valid", "valid top-k", ".0%"),
-            ("radix_ms", "radix topk ms", ".2f"), ("radix_same", "radix = torch", ".0%"), ("note", "note", "s")]
+            ("note", "note", "s")]
     print(f"bench kernels: H={args.heads} D={args.head_dim} topk={args.topk} on {device} "
           f"({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), median of {args.repeats}")
     print(table(rows, cols))
@@ -161,24 +163,6 @@ def run(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     return 0
-
-
-def _radix_topk(problem, logits, torch_out, device, reps):
-    """Time the Triton radix top-k on the same logits; fraction of rows whose set equals
-    torch's (it should be all: same tie rule). ``(None, None)`` where it cannot run."""
-    from ..backends.triton import _kernels as tk
-
-    if device.type != "cuda" or not tk.is_available()[0]:
-        return None, None
-    from ..backends.triton._topk import ragged_topk
-
-    m = logits.shape[0]
-    starts = problem.row_starts[:m].to(torch.int64)
-    lengths = problem.row_ends[:m].to(torch.int64) - starts
-    out = torch.empty_like(torch_out)
-    ms = median_ms(lambda: ragged_topk(logits, starts, lengths, problem.topk, out), device, warmup=1, repeats=reps)
-    same = (out.sort(1).values == torch_out.sort(1).values).all(1).float().mean().item()
-    return ms, same
 
 
 def _agreement(got: torch.Tensor, ref_idx: torch.Tensor, ref_rows: list, topk: int, rtol: float = 2e-3) -> tuple[float, float]:

@@ -154,7 +154,7 @@ def _rank_main(rank: int, world: int, cfg: dict) -> list[dict]:
             ))
             if cuda:  # no cached blocks carried from one variant into the next
                 torch.cuda.empty_cache()
-        del inp, args, ref
+        inp = args = ref = None  # free the step before the next config
         bar(c["name"])
     return records
 

@@ -1,4 +1,4 @@
-"""Portable Triton backend: our own row-blocked fp8 logits kernel, torch top-k.
+"""Portable Triton backend: our own row-blocked fp8 logits kernels; top-k as ``INDEXER_TOPK`` says.
 
 Runs wherever Triton compiles fp8 ``tl.dot``: NVIDIA sm89+ (Ada, Hopper, Blackwell) and AMD
 CDNA3+ (gfx942, gfx950). On a CPU tensor it runs only under Triton's interpreter

@@ -7,14 +7,15 @@ q / k are fp8 (``float8_e4m3fn``, or ``float8_e4m3fnuz`` on AMD); the dot is
 fp8 x fp8 -> fp32.  Triton is imported lazily: importing this module never
 fails when Triton is missing; use :func:`is_available` to check.
 
-Design: 2-D grid ``(cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))``.  Program
-``(pid_m, pid_n)`` owns ``BLOCK_M`` query rows and one ``BLOCK_N`` key tile.
-It computes the union ``[lo, hi)`` of the (non-empty) windows of its rows; if
-its key tile misses the union it only writes ``-inf``.  Otherwise it loads
-the K tile once, loops over the heads (runtime ``H``, any value) doing
-``tl.dot(q[:, h, :] [BLOCK_M, D], k_tile^T [D, BLOCK_N])`` with fp32
-accumulation, applies relu and ``weights[:, h]``, sums over heads, multiplies
-by ``k_scale``, masks each row to its own window with ``-inf`` and stores.
+Two kernels. Power-of-two H runs a fused kernel: one program owns ``BLOCK_Q`` query
+rows and all H heads of each, walks the key tiles of the union ``[lo, hi)`` of its rows'
+(non-empty) windows, and per tile computes one MMA of the K tile against the
+``BLOCK_Q * H`` (row, head) query vectors, applies relu and the weights, sums the heads,
+scales by ``k_scale`` and masks each row to its window with ``-inf``; tiles outside the
+union are only filled with ``-inf``. The keys-major variant (the default; keys on the MMA's
+M dimension, as DeepGEMM does) keeps the head sum inside a thread's registers. Other H run
+the per-head kernel: a 2-D grid ``(cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))`` whose program
+loops over the heads doing ``tl.dot(q[:, h, :], k_tile^T)``.
 """
 
 from __future__ import annotations
