@@ -34,15 +34,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="time fused Triton configs for this H, D on the largest --context, side by side with "
                         "DeepGEMM, and print the best (configs are a fixed table per (H, D), not a per-process "
                         "autotune: see triton/_kernels.py)")
-    p.add_argument("--tune-layouts", default="keys,rows", help="operand orders to try: keys (keys-major), rows")
-    p.add_argument("--tune-pairs", default="128,256", help="(row, head) pairs per program to try (keys-major)")
+    p.add_argument("--tune-pairs", default="128,256", help="(row, head) pairs per program to try")
     p.add_argument("--tune-block-n", default="64,128")
     p.add_argument("--tune-warps", default="4,8")
     p.add_argument("--tune-stages", default="2,3")
 
 
 def tune_triton(args: argparse.Namespace) -> int:
-    """Time each fused Triton config (operand order, rows a program, BLOCK_N, warps, stages)
+    """Time each fused Triton config (rows a program, BLOCK_N, warps, stages)
     for this H, D, side by side, against DeepGEMM where it runs."""
     from ..backends.triton import _kernels as tk
     from ..synthetic import make_inputs
@@ -58,15 +57,13 @@ def tune_triton(args: argparse.Namespace) -> int:
     rows = []
     configs = []
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
-    for layout in args.tune_layouts.split(","):
-        keys_major = layout == "keys"
-        for pairs in ints(args.tune_pairs) if keys_major else [128]:
-            if pairs < h:
-                continue
-            for block_n in ints(args.tune_block_n):
-                for warps in ints(args.tune_warps):
-                    for stages in ints(args.tune_stages):
-                        configs.append(tk.FusedConfig(keys_major, pairs // h, block_n, warps, stages))
+    for pairs in ints(args.tune_pairs):
+        if pairs < h:
+            continue
+        for block_n in ints(args.tune_block_n):
+            for warps in ints(args.tune_warps):
+                for stages in ints(args.tune_stages):
+                    configs.append(tk.FusedConfig(pairs // h, block_n, warps, stages))
     try:
         for cfg in configs:
             tk.FUSED_CONFIGS[key] = cfg
@@ -87,7 +84,7 @@ def tune_triton(args: argparse.Namespace) -> int:
     rows.sort(key=lambda r: float("inf") if r["ms"] is None else r["ms"])
     dg = f", DeepGEMM {ref_ms:.3f} ms" if ref_ms else ""
     print(f"fused Triton logits configs, H={h} D={d} M={m} N={n} on {device}, median of {args.repeats}{dg}")
-    print(table(rows, [("keys_major", "keys-major", "d"), ("block_q", "rows", "d"), ("block_n", "BLOCK_N", "d"),
+    print(table(rows, [("block_q", "rows", "d"), ("block_n", "BLOCK_N", "d"),
                        ("num_warps", "warps", "d"), ("num_stages", "stages", "d"), ("ms", "ms", ".3f"),
                        ("vs_dg", "DeepGEMM/this", ".2f"), ("note", "note", "s")]))
     best = tk.FusedConfig(**{f: rows[0][f] for f in tk.FusedConfig._fields})

@@ -12,8 +12,8 @@ rows and all H heads of each, walks the key tiles of the union ``[lo, hi)`` of i
 (non-empty) windows, and per tile computes one MMA of the K tile against the
 ``BLOCK_Q * H`` (row, head) query vectors, applies relu and the weights, sums the heads,
 scales by ``k_scale`` and masks each row to its window with ``-inf``; tiles outside the
-union are only filled with ``-inf``. The keys-major variant (the default; keys on the MMA's
-M dimension, as DeepGEMM does) keeps the head sum inside a thread's registers. Other H run
+union are only filled with ``-inf``. Keys sit on the MMA's M dimension (as DeepGEMM lays
+it out), so the head sum stays mostly inside a thread's registers. Other H run
 the per-head kernel: a 2-D grid ``(cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))`` whose program
 loops over the heads doing ``tl.dot(q[:, h, :], k_tile^T)``.
 """
@@ -138,63 +138,15 @@ if triton is not None:
         BLOCK_Q: tl.constexpr,
         BLOCK_N: tl.constexpr,
     ):
-        # One program owns BLOCK_Q query rows, all H heads of each: their q vectors form one
-        # [BLOCK_Q * H, D] MMA operand (128 rows, as DeepGEMM tiles it), loaded once and
-        # kept for the whole walk over the key tiles of the rows' window union. Each K
-        # tile is loaded once per program and serves BLOCK_Q * H dot products.
-        pid = tl.program_id(0)
-        rows = pid * BLOCK_Q + tl.arange(0, BLOCK_Q)
-        rmask = rows < M
-        starts, ends, lo, hi = _row_windows(starts_ptr, ends_ptr, rows, rmask, N)
-
-        qh = tl.arange(0, BLOCK_Q * H)
-        q_row = (pid * BLOCK_Q + qh // H).to(tl.int64)
-        q_head = qh % H
-        qmask = q_row < M
-        offs_d = tl.arange(0, D)
-        q = tl.load(q_ptr + q_row[:, None] * stride_qm + q_head[:, None] * D + offs_d[None, :],
-                    mask=qmask[:, None], other=0.0)
-        w = tl.load(w_ptr + q_row * stride_wm + q_head, mask=qmask, other=0.0)
-
-        rows64 = rows.to(tl.int64)
-        for n0 in range(0, N, BLOCK_N):
-            cols = n0 + tl.arange(0, BLOCK_N)
-            cmask = cols < N
-            ptrs = out_ptr + rows64[:, None] * stride_om + cols[None, :]
-            smask = rmask[:, None] & cmask[None, :]
-            if (n0 >= hi) | (n0 + BLOCK_N <= lo):
-                tl.store(ptrs, tl.full((BLOCK_Q, BLOCK_N), float("-inf"), tl.float32), mask=smask)
-            else:
-                k_tile = tl.load(k_ptr + cols.to(tl.int64)[:, None] * stride_kn + offs_d[None, :],
-                                 mask=cmask[:, None], other=0.0)
-                sc = tl.dot(q, tl.trans(k_tile), out_dtype=tl.float32)
-                sc = tl.maximum(sc, 0.0) * w[:, None]
-                logit = tl.sum(tl.reshape(sc, (BLOCK_Q, H, BLOCK_N)), axis=1)
-                scale = tl.load(k_scale_ptr + cols, mask=cmask, other=0.0)
-                logit = logit * scale[None, :]
-                valid = (cols[None, :] >= starts[:, None]) & (cols[None, :] < ends[:, None])
-                tl.store(ptrs, tl.where(valid, logit, float("-inf")), mask=smask)
-
-
-    @triton.jit
-    def _mqa_logits_keys_major_kernel(
-        q_ptr, k_ptr, k_scale_ptr, w_ptr, starts_ptr, ends_ptr, out_ptr,
-        M, N,
-        stride_qm,
-        stride_kn,
-        stride_wm,
-        stride_om,
-        H: tl.constexpr,
-        D: tl.constexpr,
-        BLOCK_Q: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-    ):
-        # The fused kernel with the MMA's operands swapped, as DeepGEMM lays it out: keys on
-        # the MMA's M dimension, (row, head) pairs on N. The sum over heads then runs along
-        # the accumulator's N dimension, which a thread holds mostly in its own registers,
-        # instead of across warps. The key walk is split in three loops so the one that
-        # computes has no branch inside (it software-pipelines the K loads) and the -inf
-        # fill outside the rows' window union costs no MMA.
+        # One program owns BLOCK_Q query rows, all H heads of each. Keys go on the MMA's M
+        # dimension and the BLOCK_Q * H (row, head) pairs on N, as DeepGEMM lays it out: the
+        # sum over heads then runs along the accumulator's N dimension, which a thread holds
+        # mostly in its own registers (with the pairs on M it crossed warps through shared
+        # memory, and the kernel ran at a third of the speed). The q operand stays loaded
+        # for the whole walk, and each K tile serves BLOCK_Q * H dot products. The key walk
+        # is split in three loops so the one that computes has no branch inside (Triton
+        # software-pipelines its K loads) and the -inf fill outside the rows' window union
+        # costs no MMA.
         pid = tl.program_id(0)
         rows = pid * BLOCK_Q + tl.arange(0, BLOCK_Q)
         rmask = rows < M
@@ -237,17 +189,14 @@ if triton is not None:
 
 
 class FusedConfig(NamedTuple):
-    """Launch config of the fused kernels.
+    """Launch config of the fused kernel.
 
     Attributes:
-        keys_major: Keys on the MMA's M dimension and (row, head) pairs on N
-            (``_mqa_logits_keys_major_kernel``); otherwise (row, head) pairs on M.
         block_q: Query rows per program (``block_q * H`` (row, head) pairs in one MMA operand).
         block_n: Keys per tile.
         num_warps, num_stages: Triton launch options.
     """
 
-    keys_major: bool
     block_q: int
     block_n: int
     num_warps: int
@@ -260,15 +209,15 @@ class FusedConfig(NamedTuple):
 # and break sharded == replicated. Entries come from ``bench kernels --tune-triton``.
 FUSED_CONFIGS: dict[tuple[int, int], FusedConfig] = {
     # H200, DeepSeek-V3.2 / GLM-5 indexer shape (see docs/benchmarks.md)
-    (64, 128): FusedConfig(keys_major=True, block_q=4, block_n=64, num_warps=4, num_stages=3),
+    (64, 128): FusedConfig(block_q=4, block_n=64, num_warps=4, num_stages=3),
 }
 
 
 def fused_config(heads: int, head_dim: int) -> FusedConfig:
-    """The fused kernels' config for ``(heads, head_dim)``: the table's, else the default
-    (keys-major, ``128 / H`` rows a program, 128-key tiles)."""
+    """The fused kernel's config for ``(heads, head_dim)``: the table's, else the default
+    (``128 / H`` rows a program, 128-key tiles)."""
     cfg = FUSED_CONFIGS.get((heads, head_dim))
-    return cfg if cfg is not None else FusedConfig(True, _FUSED_ROWS // heads, 128, 8, 2)
+    return cfg if cfg is not None else FusedConfig(_FUSED_ROWS // heads, 128, 8, 2)
 
 
 _FUSED_ROWS = 128  # default BLOCK_Q * H: (row, head) pairs in one MMA operand
@@ -359,9 +308,8 @@ def mqa_logits(q: torch.Tensor,
     if fused_supported(H) and not force_per_head:
         q3 = q.contiguous()
         cfg = fused_config(H, D)
-        kernel = _mqa_logits_keys_major_kernel if cfg.keys_major else _mqa_logits_fused_kernel
         with device_guard(q):
-            kernel[(triton.cdiv(M, cfg.block_q),)](
+            _mqa_logits_fused_kernel[(triton.cdiv(M, cfg.block_q),)](
                 q3, k, k_scale, weights, row_starts, row_ends, out,
                 M, N, q3.stride(0), k.stride(0), weights.stride(0), out.stride(0),
                 H=H, D=D, BLOCK_Q=cfg.block_q, BLOCK_N=cfg.block_n,
