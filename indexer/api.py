@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from . import envs
 from .backends import run_rows, select_backend
+from .backends.topk_torch import topk_choice
 from .collective import (
     RING_STRATEGIES,
     agreed_cost_model,
@@ -159,6 +160,8 @@ def prefill_topk_with_info(
     platform = platform_for_device(problem.device)
     key = platform.key
     chosen = select_backend(problem, platform, envs.value("BACKEND", key, backend))
+    if chosen.configurable_topk:
+        topk_choice(problem.device)  # an INDEXER_TOPK that cannot run raises here, not mid-step
     budget = int(envs.value("MAX_LOGITS_MB", key, max_logits_mb) * 2**20)
     strategy_req = envs.value("TP_SHARD_STRATEGY", key, strategy)
     reassembly_req = envs.value("REASSEMBLY", key, reassembly)

@@ -200,3 +200,14 @@ def test_ranks_with_different_cost_files_still_agree(tmp_path):
         assert per_rank[0][mode][1] == per_rank[1][mode][1], "ranks cut different plans"
         for r in range(2):
             assert torch.equal(per_rank[r][mode][0].sort(1).values, want), (mode, r)
+
+
+def test_fingerprint_hashes_exactly_the_tensor_it_is_given():
+    from indexer.collective.guard import fingerprint
+
+    base = torch.arange(10, dtype=torch.int32)
+    view = base[2:5]  # contiguous, shares base's storage
+    assert fingerprint("x", tensors=(view,)) == fingerprint("x", tensors=(view.clone(),))
+    assert fingerprint("x", tensors=(view,)) != fingerprint("x", tensors=(base[3:6],))
+    assert fingerprint("x", tensors=(view,)) != fingerprint("x", tensors=(view.to(torch.int64),))
+    assert fingerprint("x", tensors=(view,)) != fingerprint("y", tensors=(view,))

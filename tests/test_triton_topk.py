@@ -91,7 +91,8 @@ def test_special_values_order_like_floats(road):
     inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
     masked = torch.where(inside, vals, float("-inf"))
     kw = SMALL_ROAD if road == "sampled" else dict(sample_min=1 << 30)
-    _check(vals.to(DEVICE), masked, starts, lengths, 40, cap=512, **kw)
+    stats = _check(vals.to(DEVICE), masked, starts, lengths, 40, cap=512, **kw)
+    assert stats[T.STAT_SAMPLED if road == "sampled" else T.STAT_PLAIN] == 4, stats
 
 
 def test_bad_radix_bits_is_refused():
@@ -101,18 +102,59 @@ def test_bad_radix_bits_is_refused():
 
 
 def test_unlucky_sample_falls_back_to_the_plain_select():
-    # every large value sits in a piece the sample skips: the threshold comes out too high,
-    # fewer than k keys pass it, and the row must take the plain radix select
+    # every large value sits in a piece the sample reads: the sample's r-th largest is one
+    # of them, fewer than k keys of the row reach it, and the row must take the plain radix
+    # select (the scratch is big enough, so that is the only reason to fall back)
     n, topk = 512, 16
-    vals = torch.rand(3, n)
     col = torch.arange(n)
-    unsampled = (col // 8) % 4 != 0
-    vals[:, unsampled] -= 10.0
-    vals[:, unsampled & (col % 3 == 0)] += 20.0
+    vals = torch.rand(3, n) - 10.0
+    vals[:, (col // 8) % 4 == 0] += 20.0
     starts = torch.zeros(3, dtype=torch.int64)
     lengths = torch.full((3,), n, dtype=torch.int64)
-    stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=64, **SMALL_ROAD)
+    stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=4096, **SMALL_ROAD)
     assert stats[T.STAT_PLAIN] == 3, stats
+
+
+def test_recent_keys_scoring_high_keep_the_sampled_road():
+    # causal rows whose last 32 keys all score high (a local-attention pattern), at lengths
+    # just past a multiple of the sample stride (128 here). Pieces laid at fixed multiples of
+    # the stride sampled that tail densely, the threshold landed inside the high stretch,
+    # fewer than k keys passed it and the 1310-key row fell back to the plain select; pieces
+    # spread evenly over the row keep every row on the sampled road
+    topk = 16
+    lengths = torch.tensor([1310, 1300, 1290, 1410])
+    n = int(lengths.max())
+    g = torch.Generator().manual_seed(11)
+    vals = torch.rand(len(lengths), n, generator=g)
+    col = torch.arange(n)
+    recent = (col[None] >= lengths[:, None] - 32) & (col[None] < lengths[:, None])
+    vals = vals + 2.0 * recent
+    starts = torch.zeros(len(lengths), dtype=torch.int64)
+    masked = torch.where(col[None] < lengths[:, None], vals, float("-inf"))
+    stats = _check(vals.to(DEVICE), masked, starts, lengths, topk, cap=1024, piece=32, sparse=4, sample_min=64)
+    assert stats[T.STAT_SAMPLED] == len(lengths), stats
+
+
+def test_nans_rank_above_everything_like_torch_topk():
+    vals = torch.randn(2, 300)
+    nan = torch.tensor(float("nan"))
+    neg_nan = -nan  # sign bit set: must not sort below the numbers
+    vals[0, [3, 77]] = nan
+    vals[1, [5, 200]] = neg_nan
+    starts = torch.zeros(2, dtype=torch.int64)
+    lengths = torch.full((2,), 300, dtype=torch.int64)
+    got = torch.empty(2, 10, dtype=torch.int32, device=DEVICE)
+    T.ragged_topk(vals.to(DEVICE), starts.to(DEVICE), lengths.to(DEVICE), 10, got, sample_min=1 << 30)
+    got = got.cpu()
+    assert {3, 77} <= set(got[0].tolist()) and {5, 200} <= set(got[1].tolist())
+
+
+@pytest.mark.parametrize("kw,match", [(dict(block=100), "block"), (dict(filter_block=0), "filter_block"),
+                                      (dict(sparse=0), "sparse"), (dict(piece=0), "piece"), (dict(cap=3000), "cap")])
+def test_bad_launch_options_are_refused(kw, match):
+    logits = torch.zeros(1, 10, device=DEVICE)
+    with pytest.raises(ValueError, match=match):
+        T.ragged_topk(logits, torch.zeros(1), torch.full((1,), 10), 8, torch.empty(1, 8, dtype=torch.int32), **kw)
 
 
 def test_candidate_overflow_falls_back_to_the_plain_select():
@@ -137,6 +179,21 @@ def test_cap_below_topk_is_refused():
     logits = torch.zeros(1, 10, device=DEVICE)
     with pytest.raises(ValueError, match="cap"):
         T.ragged_topk(logits, torch.zeros(1), torch.full((1,), 10), 8, torch.empty(1, 8, dtype=torch.int32), cap=4)
+
+
+def test_topk_choice_default_falls_back_explicit_raises(monkeypatch):
+    from indexer import envs
+    from indexer.backends.topk_torch import topk_choice
+
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # Triton cannot run on CPU tensors now
+    monkeypatch.setitem(envs.TOPK.platform_defaults, "cpu", "triton")
+    assert topk_choice(cpu) == "torch"  # only the default asked for it
+    monkeypatch.setenv("INDEXER_CPU_TOPK", "triton")
+    with pytest.raises(ValueError, match="INDEXER_CPU_TOPK"):
+        topk_choice(cpu)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert topk_choice(cpu) == "triton"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter variant")

@@ -30,6 +30,8 @@ class Backend(abc.ABC):
     cost_model: ClassVar[CostModel] = CostModel()
     uses_workspace: ClassVar[bool] = True
     """Whether :meth:`logits` writes into the shared workspace (else it gets ``None``)."""
+    configurable_topk: ClassVar[bool] = False
+    """Whether :meth:`topk` follows ``INDEXER_TOPK`` (checked before any kernel runs)."""
     max_chunk_rows: ClassVar[int | None] = None
     """Cap on rows per chunk, for kernels whose arithmetic changes with the row count."""
 

@@ -29,13 +29,58 @@ def torch_topk(problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo
     row_topk(logits, starts_rel, lengths, problem.topk, out, problem.ends_host[a:b] - problem.starts_host[a:b])
 
 
-def chosen_topk(problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
-    """:meth:`Backend.topk` of the GPU backends: torch.topk or the Triton radix kernel,
-    as ``INDEXER_TOPK`` says. Both select the same set from the same logits."""
+def topk_choice(device: torch.device) -> str:
+    """The top-k that :func:`chosen_topk` runs on ``device``: ``INDEXER_TOPK``'s value.
+
+    Where the value is only the platform's default (``triton`` on NVIDIA) and Triton cannot
+    run, it is ``torch``; a ``triton`` that was asked for explicitly and cannot run raises.
+
+    Raises:
+        ValueError: ``INDEXER_TOPK`` (or its platform variant) says ``triton`` and Triton
+            cannot run on ``device``.
+    """
     from .. import envs
     from ..platform import platform_key
 
-    if envs.value("TOPK", platform_key(problem.device)) == "triton":
+    res = envs.resolve("TOPK", platform_key(device))
+    if res.value != "triton":
+        return res.value
+    why = _triton_topk_unavailable(device)
+    if why is None:
+        return "triton"
+    if res.source.startswith("default"):
+        return "torch"
+    raise ValueError(f"{res.source} asks for the Triton top-k, but {why}; set it to 'torch' or install triton")
+
+
+def _triton_topk_unavailable(device: torch.device) -> str | None:
+    import os
+
+    from .triton import _kernels as tk
+
+    ok, why = tk.is_available()
+    if not ok:
+        return why
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        return "CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before importing triton)"
+    return None
+
+
+def topk_row_bytes(problem: Problem) -> int:
+    """Bytes per row of the chosen top-k's temporaries, for chunk budgets: torch.topk's k+1
+    values and indices, or the Triton kernel's candidate scratch (its programs never
+    outnumber the chunk's rows)."""
+    if topk_choice(problem.device) == "triton":
+        from .triton._topk import scratch_bytes_per_program
+
+        return scratch_bytes_per_program(problem.topk)
+    return 12 * (problem.topk + 1)
+
+
+def chosen_topk(problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
+    """:meth:`Backend.topk` of the GPU backends: torch.topk or the Triton ragged kernel,
+    as :func:`topk_choice` says. Both select the same set from the same logits."""
+    if topk_choice(problem.device) == "triton":
         from .triton._topk import ragged_topk
 
         starts_rel, lengths = _windows(problem, rows, lo)

@@ -50,6 +50,9 @@ def tune_triton(args: argparse.Namespace) -> int:
     n = max(int(x) for x in args.context.split(","))
     m = min(args.rows, n)
     h, d = args.heads, args.head_dim
+    if not tk.fused_supported(h):
+        print(f"H={h} runs the per-head kernel, which has no config table to tune (the fused one needs a power of two <= 128)")
+        return 2
     inp = make_inputs([n], [m], h, d, device, seed=n)
     out = torch.empty(m, n, dtype=torch.float32, device=device)
     key = (h, d)
@@ -82,6 +85,9 @@ def tune_triton(args: argparse.Namespace) -> int:
     for r in rows:
         r["vs_dg"] = ref_ms / r["ms"] if ref_ms and r["ms"] else None
     rows.sort(key=lambda r: float("inf") if r["ms"] is None else r["ms"])
+    if rows[0]["ms"] is None:
+        print("no config ran:\n" + "\n".join(f"  {r}" for r in rows))
+        return 1
     dg = f", DeepGEMM {ref_ms:.3f} ms" if ref_ms else ""
     print(f"fused Triton logits configs, H={h} D={d} M={m} N={n} on {device}, median of {args.repeats}{dg}")
     print(table(rows, [("block_q", "rows", "d"), ("block_n", "BLOCK_N", "d"),
@@ -104,7 +110,11 @@ def _deepgemm_ms(inp, m: int, n: int, args: argparse.Namespace, device: torch.de
     backend = get_backend("deepgemm")
     if backend.not_supported_reasons(problem):
         return None
-    return median_ms(lambda: backend.logits(problem, (0, m), (0, n), None), device, warmup=1, repeats=args.repeats)
+    try:
+        return median_ms(lambda: backend.logits(problem, (0, m), (0, n), None), device, warmup=1, repeats=args.repeats)
+    except Exception as exc:  # noqa: BLE001 - the Triton rows above still stand
+        print(f"DeepGEMM did not run: {type(exc).__name__}: {exc}")
+        return None
 
 
 def run(args: argparse.Namespace) -> int:

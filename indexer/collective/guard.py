@@ -23,7 +23,10 @@ def fingerprint(*parts: object, tensors: tuple[torch.Tensor, ...] = ()) -> int:
     h = hashlib.blake2b(digest_size=8)
     h.update(repr(parts).encode())
     for t in tensors:
-        h.update(t.contiguous().numpy().tobytes())
+        # clone: exactly this tensor's bytes (a contiguous slice would share its base's
+        # storage); through the storage, not numpy, which torch does not require
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(bytes(t.detach().cpu().clone().untyped_storage()))
     return int.from_bytes(h.digest(), "little") >> 1
 
 

@@ -21,7 +21,7 @@ from ...partition import CostModel
 from ...platform import current_platform, platform_for_device
 from ...problem import Problem
 from ..base import Backend, relative_bounds
-from ..topk_torch import chosen_topk
+from ..topk_torch import chosen_topk, topk_row_bytes
 
 _ARCH_HEADS = {"sm90": (32, 64), "sm100": (8, 16, 32, 64), "sm103": (8, 16, 32, 64)}
 
@@ -88,6 +88,7 @@ class DeepGemmBackend(Backend):
     # (clean + top-k) + 126 ns/row, i.e. per_row ~ 3000 keys.
     cost_model = CostModel(per_key=1, per_width=0, per_row=3000)
     uses_workspace = False  # DeepGEMM allocates its own (padded) output
+    configurable_topk = True
 
     def not_supported_reasons(self, problem: Problem | None) -> list[str]:
         reasons = []
@@ -123,8 +124,8 @@ class DeepGemmBackend(Backend):
         return []
 
     def chunk_bytes(self, rows: torch.Tensor, width: torch.Tensor, problem: Problem) -> torch.Tensor:
-        # DeepGEMM's padded float32 rows, the top-k's compare mask and value/index outputs
-        return rows * (_align(width + 256, 256) * 4 + width + 12 * problem.topk)
+        # DeepGEMM's padded float32 rows, the tie check's compare mask, the top-k's temporaries
+        return rows * (_align(width + 256, 256) * 4 + width + topk_row_bytes(problem))
 
     def logits_alloc_bytes(self, rows: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
         # rows padded to N + 256 rounded to 256 columns, row count to the q block (<= 16)

@@ -27,7 +27,7 @@ from ...partition import CostModel
 from ...platform import current_platform, platform_for_device
 from ...problem import Problem
 from ..base import Backend, relative_bounds
-from ..topk_torch import chosen_topk
+from ..topk_torch import chosen_topk, topk_row_bytes
 
 LOGITS_MODULES = ("aiter.ops.triton.attention.fp8_mqa_logits", "aiter.ops.triton.fp8_mqa_logits")
 TOPK_MODULE = "aiter.ops.topk"
@@ -99,6 +99,7 @@ class AiterBackend(Backend):
     name = "aiter"
     cost_model = CostModel(per_key=1, per_width=0, per_row=3000)
     uses_workspace = False  # AITER allocates its own logits
+    configurable_topk = True
     # AITER's Triton logits kernel picks its MMA width from the row count (16-wide up to
     # 1024 rows, 32-wide above, read in its source): one regime for every chunk keeps a
     # row's bits the same whichever rank and chunk compute it
@@ -135,8 +136,8 @@ class AiterBackend(Backend):
         return reasons
 
     def chunk_bytes(self, rows: torch.Tensor, width: torch.Tensor, problem: Problem) -> torch.Tensor:
-        # AITER's padded float32 rows, the top-k's output
-        return self.logits_alloc_bytes(rows, width) + rows * 8 * problem.topk
+        # AITER's padded float32 rows, the top-k's output (ours where AITER has none)
+        return self.logits_alloc_bytes(rows, width) + rows * max(8 * problem.topk, topk_row_bytes(problem))
 
     def logits_alloc_bytes(self, rows: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
         return rows * ((width + 255) // 256 * 256) * 4  # AITER pads rows to 256 columns

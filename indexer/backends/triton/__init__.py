@@ -15,7 +15,7 @@ from ...partition import CostModel
 from ...platform import platform_for_device
 from ...problem import Problem
 from ..base import Backend, relative_bounds
-from ..topk_torch import chosen_topk
+from ..topk_torch import chosen_topk, topk_row_bytes
 
 _HEAD_DIMS = (32, 64, 128)
 _AMD_FP8_ARCHS = ("gfx942", "gfx950")
@@ -30,6 +30,7 @@ def _kmod():
 class TritonBackend(Backend):
     name = "triton"
     cost_model = CostModel(per_key=1, per_width=0, per_row=3000)
+    configurable_topk = True
 
     def not_supported_reasons(self, problem: Problem | None) -> list[str]:
         ok, why = _kmod().is_available()
@@ -59,6 +60,10 @@ class TritonBackend(Backend):
         return _kmod().mqa_logits(
             problem.q[a:b], problem.k[lo:hi], problem.k_scale[lo:hi], problem.weights[a:b], starts, ends, out=workspace
         )
+
+    def chunk_bytes(self, rows: torch.Tensor, width: torch.Tensor, problem: Problem) -> torch.Tensor:
+        # the float32 logits and the top-k's temporaries
+        return rows * (width * 4 + topk_row_bytes(problem))
 
     def topk(self, problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
         chosen_topk(problem, logits, rows, lo, out)

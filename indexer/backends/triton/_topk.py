@@ -12,7 +12,8 @@ A plain radix select reads the row nine times (eight histograms and the write). 
 lengths that matter (64K-1M keys, 256 KiB-4 MiB a row) those reads cannot stay in cache, so
 long rows take a shorter road that reads the row about once:
 
-1. *Sample*: every ``SPARSE``-th piece of ``PIECE`` contiguous keys (1/64 of the row). A
+1. *Sample*: pieces of ``PIECE`` contiguous keys spread evenly over the row, one per
+   ``PIECE * SPARSE`` keys or a little more (1/64 of the row). A
    radix select on the sample finds the key ``t`` with ``r`` sample keys at or above it;
    ``r`` is the sample's expected share of the top k plus four standard deviations, so
    that fewer than k keys of the row reach ``t`` only when the sample is badly unlucky.
@@ -63,14 +64,16 @@ if triton is not None:
         # integer ops cost two instructions each in the streaming pass.
         bits = v.to(tl.int32, bitcast=True)
         bits = tl.where(bits == -2147483648, 0, bits)
+        # every NaN above everything, as torch.topk ranks them (a negative NaN would sort low)
+        bits = tl.where(v != v, 0x7FFFFFFF, bits)
         return bits ^ ((bits >> 31) & 0x7FFFFFFF)
 
     @triton.jit
-    def _kth_largest(ptr, n, limit, need, BLOCK: tl.constexpr, PIECE: tl.constexpr, PSTRIDE: tl.constexpr,
+    def _kth_largest(ptr, n, limit, need, BLOCK: tl.constexpr, PIECE: tl.constexpr, stride,
                      RADIX_BITS: tl.constexpr, R: tl.constexpr):
         """Key (:func:`_skey`) of the ``need``-th largest of the values at ``ptr + col(i)``,
-        ``i < n`` and ``col(i) < limit``, where ``col(i) = (i // PIECE) * PSTRIDE + i % PIECE``
-        (contiguous when ``PIECE == PSTRIDE``); and how many keys equal to it are among the
+        ``i < n`` and ``col(i) < limit``, where ``col(i) = (i // PIECE) * stride + i % PIECE``
+        (contiguous when ``stride == PIECE``); and how many keys equal to it are among the
         ``need``. Radix select, ``RADIX_BITS`` a pass, most significant digit first, on the
         key's unsigned form (sign bit flipped); ``R = 2 ** RADIX_BITS`` bins."""
         bins = tl.arange(0, 2 * R)
@@ -82,7 +85,7 @@ if triton is not None:
             hist = tl.zeros((2 * R,), dtype=tl.int32)
             for c0 in range(0, n, BLOCK):
                 i = c0 + tl.arange(0, BLOCK)
-                col = (i // PIECE) * PSTRIDE + i % PIECE
+                col = (i // PIECE) * stride + i % PIECE
                 m = (i < n) & (col < limit)
                 u = _skey(tl.load(ptr + col, mask=m, other=0.0)) ^ -2147483648
                 match = m & ((u & prefix_mask) == prefix)
@@ -153,15 +156,18 @@ if triton is not None:
             else:
                 plain = 1
                 if length >= sample_min:
-                    full = length // PSTRIDE
-                    s = full * PIECE + tl.minimum(PIECE, length - full * PSTRIDE)
+                    # pieces spread evenly over the whole row (one per `spread` keys, at least
+                    # PSTRIDE apart), so no stretch of it, the recent end included, is
+                    # sampled more densely than another
+                    npieces = tl.maximum(length // PSTRIDE, 1)
+                    spread = length // npieces
+                    s = npieces * tl.minimum(PIECE, spread)
                     # the sample should hold mu of the row's top k; asking for mu plus four
                     # standard deviations makes too few candidates a rare event
                     mu = K * s.to(tl.float32) / length.to(tl.float32)
                     r = (mu + 4.0 * tl.sqrt(mu) + 1.0).to(tl.int32)
                     r = tl.minimum(r, s)
-                    npieces = (length + PSTRIDE - 1) // PSTRIDE
-                    t, _unused = _kth_largest(base, npieces * PIECE, length, r, BLOCK, PIECE, PSTRIDE, RADIX_BITS, R)
+                    t, _unused = _kth_largest(base, npieces * PIECE, length, r, BLOCK, PIECE, spread, RADIX_BITS, R)
                     cnt = tl.full((), 0, tl.int32)
                     ahead = tl.load(base + tl.arange(0, FBLOCK), mask=tl.arange(0, FBLOCK) < length, other=0.0)
                     for c0 in range(0, length, FBLOCK):
@@ -223,6 +229,21 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
+def default_cap(topk: int) -> int:
+    """Candidate slots of a program's scratch: ``max(CAP, 4 * topk)``, a power of two."""
+    return _next_pow2(max(CAP, 4 * topk))
+
+
+def scratch_bytes_per_program(topk: int) -> int:
+    """Bytes of one program's candidate scratch (value and column per slot) at the default
+    capacity; the grid has at most one program per row."""
+    return 8 * default_cap(topk)
+
+
+def _pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
 def _programs(device: torch.device, rows: int, per_sm: int) -> int:
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -282,7 +303,7 @@ def ragged_topk(
     if logits.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError("logits and out need column stride 1")
     if cap is None:
-        cap = _next_pow2(max(CAP, 4 * topk))
+        cap = default_cap(topk)
     if cap < topk:
         raise ValueError(f"cap={cap} must be at least topk={topk}")
     device = logits.device
@@ -295,6 +316,12 @@ def ragged_topk(
     lens = lengths.to(torch.int32).contiguous()
     if radix_bits not in (1, 2, 4, 8):
         raise ValueError(f"radix_bits must be 1, 2, 4 or 8, got {radix_bits}")
+    for name, value in (("block", block), ("filter_block", filter_block), ("cap", cap)):
+        if not _pow2(value):
+            raise ValueError(f"{name} must be a power of two, got {value}")
+    for name, value in (("piece", piece), ("sparse", sparse), ("num_warps", num_warps), ("programs_per_sm", programs_per_sm)):
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
     programs = _programs(device, rows, programs_per_sm)
     scratch_v = torch.empty(programs, cap, dtype=torch.float32, device=device)
     scratch_c = torch.empty(programs, cap, dtype=torch.int32, device=device)
