@@ -41,29 +41,17 @@ def topk_choice(device: torch.device) -> str:
     """
     from .. import envs
     from ..platform import platform_key
+    from .triton import _kernels as tk  # imports triton lazily, never raises
 
     res = envs.resolve("TOPK", platform_key(device))
     if res.value != "triton":
         return res.value
-    why = _triton_topk_unavailable(device)
-    if why is None:
+    reasons = tk.launch_reasons(device)
+    if not reasons:
         return "triton"
     if res.source.startswith("default"):
         return "torch"
-    raise ValueError(f"{res.source} asks for the Triton top-k, but {why}; set it to 'torch' or install triton")
-
-
-def _triton_topk_unavailable(device: torch.device) -> str | None:
-    import os
-
-    from .triton import _kernels as tk
-
-    ok, why = tk.is_available()
-    if not ok:
-        return why
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        return "CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before importing triton)"
-    return None
+    raise ValueError(f"{res.source} asks for the Triton top-k, but {'; '.join(reasons)}; set it to 'torch' or install triton")
 
 
 def topk_row_bytes(problem: Problem) -> int:

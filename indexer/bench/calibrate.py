@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from .timing import median_ms, table
+from .timing import int_list, median_ms, table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     platform = platform_for_device(device)
     rows_out, samples = [], []
     backend = None
-    for keys in [int(x) for x in args.keys.split(",")]:
+    for keys in int_list(args.keys):
         for width in (keys + 1, 4 * keys):
             problem = _problem(args.rows, keys, width, args.heads, args.head_dim, args.topk, device, platform.fp8_dtype)
             if backend is None:

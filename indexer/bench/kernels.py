@@ -17,7 +17,7 @@ import json
 
 import torch
 
-from .timing import median_ms, table
+from .timing import int_list, median_ms, table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,7 +47,7 @@ def tune_triton(args: argparse.Namespace) -> int:
     from ..synthetic import make_inputs
 
     device = torch.device(args.device)
-    n = max(int(x) for x in args.context.split(","))
+    n = max(int_list(args.context))
     m = min(args.rows, n)
     h, d = args.heads, args.head_dim
     if not tk.fused_supported(h):
@@ -59,13 +59,12 @@ def tune_triton(args: argparse.Namespace) -> int:
     saved = tk.FUSED_CONFIGS.get(key)
     rows = []
     configs = []
-    ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
-    for pairs in ints(args.tune_pairs):
+    for pairs in int_list(args.tune_pairs):
         if pairs < h:
             continue
-        for block_n in ints(args.tune_block_n):
-            for warps in ints(args.tune_warps):
-                for stages in ints(args.tune_stages):
+        for block_n in int_list(args.tune_block_n):
+            for warps in int_list(args.tune_warps):
+                for stages in int_list(args.tune_stages):
                     configs.append(tk.FusedConfig(pairs // h, block_n, warps, stages))
     try:
         for cfg in configs:
@@ -127,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
 
     device = torch.device(args.device)
     rows = []
-    for n in [int(x) for x in args.context.split(",")]:
+    for n in int_list(args.context):
         m = min(args.rows, n)
         inp = make_inputs([n], [m], args.heads, args.head_dim, device, seed=n)
         problem = validate(*inp.args(), args.topk)

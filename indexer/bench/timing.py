@@ -35,6 +35,11 @@ def median_ms(fn: Callable[[], object], device: torch.device, warmup: int = 2, r
     return statistics.median(times)
 
 
+def int_list(text: str) -> list[int]:
+    """``"16384,65536"`` -> ``[16384, 65536]`` (a comma-separated CLI option)."""
+    return [int(x) for x in text.split(",")]
+
+
 def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
     """Fixed-width text table; ``columns`` are (key, header, format spec)."""
     cells = [[h for _, h, _ in columns]]

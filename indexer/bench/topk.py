@@ -27,7 +27,7 @@ import os
 
 import torch
 
-from .timing import median_ms, table
+from .timing import int_list, median_ms, table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     tuned = None
     if args.tune and have_triton and device.type == "cuda":
         tuned = _tune(args, device)
-    for n in [int(x) for x in args.context.split(",")]:
+    for n in int_list(args.context):
         problem, backend, logits = _late_chunk_logits(args, device, n)
         m = logits.shape[0]
         starts = problem.row_starts.to(torch.int64)
@@ -177,16 +177,15 @@ def _tune(args: argparse.Namespace, device: torch.device) -> dict:
     the fastest in ``TOPK_CONFIGS`` for this process and return it."""
     from ..backends.triton import _topk as T
 
-    n = max(int(x) for x in args.context.split(","))
+    n = max(int_list(args.context))
     problem, _, logits = _late_chunk_logits(args, device, n)
     starts = problem.row_starts.to(torch.int64)
     lengths = problem.row_ends.to(torch.int64) - starts
     out = torch.empty(logits.shape[0], args.topk, dtype=torch.int32, device=device)
     rows = []
-    ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
     grid = [dict(block=b, filter_block=f, num_warps=w, programs_per_sm=p)
-            for f in ints(args.tune_filter_block) for b in ints(args.tune_block)
-            for w in ints(args.tune_warps) for p in ints(args.tune_per_sm)]
+            for f in int_list(args.tune_filter_block) for b in int_list(args.tune_block)
+            for w in int_list(args.tune_warps) for p in int_list(args.tune_per_sm)]
     for cfg in grid:
         ms = median_ms(lambda: T.ragged_topk(logits, starts, lengths, args.topk, out, **cfg), device,
                        warmup=1, repeats=args.repeats)
@@ -212,7 +211,7 @@ def _end_to_end(args: argparse.Namespace, device: torch.device) -> list[dict]:
     saved = os.environ.get(var)
     rows = []
     try:
-        for n in [int(x) for x in args.e2e.split(",")]:
+        for n in int_list(args.e2e):
             m = min(args.rows, n)
             inp = make_inputs([n], [m], args.heads, args.head_dim, device, seed=n)
             results = {}

@@ -11,18 +11,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks: kernels | topk | tp | calibrate (--calibrate is short for 'bench calibrate')")
     p.add_argument("--calibrate", action="store_true", help="same as 'bench calibrate' with its defaults")
     what = p.add_subparsers(dest="what")
-    k = what.add_parser("kernels", help="each backend's logits and top-k side by side on one device")
-    kernels.add_arguments(k)
-    k.set_defaults(func=kernels.run)
-    o = what.add_parser("topk", help="top-k implementations side by side on real logits, against the bandwidth floor")
-    topk.add_arguments(o)
-    o.set_defaults(func=topk.run)
-    t = what.add_parser("tp", help="replicated vs every strategy on 1..N ranks over a context-length sweep")
-    tp.add_arguments(t)
-    t.set_defaults(func=tp.run)
-    c = what.add_parser("calibrate", help="measure this device's per-row cost coefficients for the planner")
-    calibrate.add_arguments(c)
-    c.set_defaults(func=calibrate.run)
+    for name, module, help_text in (
+        ("kernels", kernels, "each backend's logits and top-k side by side on one device"),
+        ("topk", topk, "top-k implementations side by side on real logits, against the bandwidth floor"),
+        ("tp", tp, "replicated vs every strategy on 1..N ranks over a context-length sweep"),
+        ("calibrate", calibrate, "measure this device's per-row cost coefficients for the planner"),
+    ):
+        sp = what.add_parser(name, help=help_text)
+        module.add_arguments(sp)
+        sp.set_defaults(func=module.run)
 
     def dispatch(args: argparse.Namespace) -> int:
         if args.calibrate and args.what is None:

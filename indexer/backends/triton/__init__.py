@@ -7,8 +7,6 @@ CDNA3+ (gfx942, gfx950). On a CPU tensor it runs only under Triton's interpreter
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ...partition import CostModel
@@ -33,21 +31,17 @@ class TritonBackend(Backend):
     configurable_topk = True
 
     def not_supported_reasons(self, problem: Problem | None) -> list[str]:
-        ok, why = _kmod().is_available()
-        reasons = [] if ok else [why]
+        reasons = _kmod().launch_reasons(problem.device if problem is not None else None)
         if problem is None:
             return reasons
-        device = problem.device
-        if device.type == "cpu":
-            if os.environ.get("TRITON_INTERPRET") != "1":
-                reasons.append("CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before importing triton)")
-        elif device.type == "cuda":
+        device = problem.device  # on CPU, launch_reasons checked the interpreter
+        if device.type == "cuda":
             plat = platform_for_device(device)
             if plat.is_rocm() and plat.arch not in _AMD_FP8_ARCHS:
                 reasons.append(f"fp8 tl.dot needs gfx942/gfx950, this GPU is {plat.arch}")
             if plat.is_cuda() and plat.arch[2:].isdigit() and int(plat.arch[2:]) < 89:
                 reasons.append(f"fp8 tl.dot needs sm89 or newer, this GPU is {plat.arch}")
-        else:
+        elif device.type != "cpu":
             reasons.append(f"unsupported device type {device.type!r}")
         if problem.head_dim not in _HEAD_DIMS:
             reasons.append(f"head dim D={problem.head_dim} not in {_HEAD_DIMS}")

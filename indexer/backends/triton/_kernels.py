@@ -21,6 +21,7 @@ loops over the heads doing ``tl.dot(q[:, h, :], k_tile^T)``.
 from __future__ import annotations
 
 import contextlib
+import os
 
 from typing import NamedTuple, Optional, Tuple
 
@@ -50,6 +51,16 @@ def is_available() -> Tuple[bool, str]:
     if triton is None:
         return False, f"triton not importable ({_TRITON_IMPORT_ERROR})"
     return True, f"triton {getattr(triton, '__version__', '?')}"
+
+
+def launch_reasons(device: Optional[torch.device]) -> list:
+    """Why Triton kernels cannot launch on ``device`` (empty: they can): Triton missing, or
+    CPU tensors without Triton's interpreter. ``None`` checks the package only."""
+    ok, why = is_available()
+    reasons = [] if ok else [why]
+    if device is not None and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        reasons.append("CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before importing triton)")
+    return reasons
 
 
 if triton is not None:
