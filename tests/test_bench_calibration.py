@@ -108,5 +108,5 @@ def test_bench_topk_cpu(tmp_path):
     assert by_method["torch path"]["same"] == 1.0
     assert by_method["triton"]["same"] == 1.0
     sampled = by_method["triton"]["note"]
-    assert sampled.endswith("rows sampled") and float(sampled.split("%")[0]) > 0, sampled
+    assert "rows sampled" in sampled and float(sampled.split("%")[0]) > 0, sampled
     assert "cuda only" in by_method["flashinfer"]["note"]

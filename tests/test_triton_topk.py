@@ -51,14 +51,15 @@ def test_radix_topk_selects_the_torch_set(rows, n, topk, quantize, block):
     assert (got[0] == -1).all()
 
 
-# The long-row road at toy sizes: pieces of 8 keys, one in 4 sampled, rows from 64 keys.
-SMALL_ROAD = dict(piece=8, sparse=4, sample_min=64)
+# The sampled road at toy sizes: runs of at most 8 keys, one key in 4 sampled; rows longer
+# than the select tile (2 * topk by default) take it.
+SMALL_ROAD = dict(piece=8, sparse=4)
 
 
 def _check(logits, masked, starts, lengths, topk, **kw):
     rows = logits.shape[0]
     got = torch.full((rows, topk), 99999, dtype=torch.int32, device=DEVICE)
-    stats = torch.zeros(3, dtype=torch.int32, device=DEVICE)
+    stats = torch.zeros(4, dtype=torch.int32, device=DEVICE)
     T.ragged_topk(logits, starts.to(DEVICE), lengths.to(DEVICE), topk, got, stats=stats, **kw)
     want = torch.empty(rows, topk, dtype=torch.int32)
     row_topk(masked, starts, lengths, topk, want)
@@ -77,7 +78,7 @@ def test_sampled_road_selects_the_torch_set(quantize, radix_bits):
     assert stats[T.STAT_SAMPLED] >= 8, stats  # the road was really taken
 
 
-@pytest.mark.parametrize("road", ["plain", "sampled"])
+@pytest.mark.parametrize("road", ["plain", "sampled", "direct"])
 def test_special_values_order_like_floats(road):
     # signed zeros tie, infinities, the extremes of float32, subnormals, both signs
     tiny = torch.finfo(torch.float32).tiny
@@ -90,9 +91,10 @@ def test_special_values_order_like_floats(road):
     col = torch.arange(640)
     inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
     masked = torch.where(inside, vals, float("-inf"))
-    kw = SMALL_ROAD if road == "sampled" else dict(sample_min=1 << 30)
-    stats = _check(vals.to(DEVICE), masked, starts, lengths, 40, cap=512, **kw)
-    assert stats[T.STAT_SAMPLED if road == "sampled" else T.STAT_PLAIN] == 4, stats
+    kw = dict(sampled=dict(SMALL_ROAD, tile=64), plain=dict(tile=64, sample_min=1 << 30), direct=dict(tile=1024))[road]
+    stats = _check(vals.to(DEVICE), masked, starts, lengths, 40, cap=1024, **kw)
+    counter = dict(sampled=T.STAT_SAMPLED, plain=T.STAT_PLAIN, direct=T.STAT_DIRECT)[road]
+    assert stats[counter] == 4, stats
 
 
 def test_bad_radix_bits_is_refused():
@@ -101,18 +103,20 @@ def test_bad_radix_bits_is_refused():
         T.ragged_topk(logits, torch.zeros(1), torch.full((1,), 10), 8, torch.empty(1, 8, dtype=torch.int32), radix_bits=3)
 
 
-def test_unlucky_sample_falls_back_to_the_plain_select():
-    # every large value sits in a piece the sample reads: the sample's r-th largest is one
-    # of them, fewer than k keys of the row reach it, and the row must take the plain radix
-    # select (the scratch is big enough, so that is the only reason to fall back)
-    n, topk = 512, 16
+@pytest.mark.parametrize("topk,road", [(16, T.STAT_SAMPLED), (100, T.STAT_PLAIN)])
+def test_unlucky_sample_retries_then_falls_back_to_the_plain_select(topk, road):
+    # every large value sits in a run the sample reads: the sample's r-th largest is one of
+    # them and exactly r keys of the row reach it, fewer than k. The filter retries with the
+    # sample's 2r-th largest: enough for k=16 (the sampled road serves the row), still too
+    # few for k=100 (the plain select must), the scratch being large enough for both
+    n = 512
     col = torch.arange(n)
     vals = torch.rand(3, n) - 10.0
     vals[:, (col // 8) % 4 == 0] += 20.0
     starts = torch.zeros(3, dtype=torch.int64)
     lengths = torch.full((3,), n, dtype=torch.int64)
-    stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=4096, **SMALL_ROAD)
-    assert stats[T.STAT_PLAIN] == 3, stats
+    stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=4096, pieces=16, **SMALL_ROAD)
+    assert stats[road] == 3, stats
 
 
 def test_recent_keys_scoring_high_keep_the_sampled_road():
@@ -131,7 +135,7 @@ def test_recent_keys_scoring_high_keep_the_sampled_road():
     vals = vals + 2.0 * recent
     starts = torch.zeros(len(lengths), dtype=torch.int64)
     masked = torch.where(col[None] < lengths[:, None], vals, float("-inf"))
-    stats = _check(vals.to(DEVICE), masked, starts, lengths, topk, cap=1024, piece=32, sparse=4, sample_min=64)
+    stats = _check(vals.to(DEVICE), masked, starts, lengths, topk, cap=1024, piece=32, sparse=4)
     assert stats[T.STAT_SAMPLED] == len(lengths), stats
 
 
@@ -150,7 +154,10 @@ def test_nans_rank_above_everything_like_torch_topk():
 
 
 @pytest.mark.parametrize("kw,match", [(dict(block=100), "block"), (dict(filter_block=0), "filter_block"),
-                                      (dict(sparse=0), "sparse"), (dict(piece=0), "piece"), (dict(cap=3000), "cap")])
+                                      (dict(sparse=0), "sparse"), (dict(piece=0), "piece"), (dict(cap=3000), "cap"),
+                                      (dict(tile=48), "tile"), (dict(tile=8192, cap=4096), "tile"),
+                                      (dict(select_warps=3), "select_warps"), (dict(pieces=6), "pieces"),
+                                      (dict(sigmas=0), "sigmas"), (dict(ballot=True, filter_block=64), "ballot")])
 def test_bad_launch_options_are_refused(kw, match):
     logits = torch.zeros(1, 10, device=DEVICE)
     with pytest.raises(ValueError, match=match):
@@ -169,10 +176,31 @@ def test_candidate_overflow_falls_back_to_the_plain_select():
     assert stats[T.STAT_PLAIN] == 2, stats
 
 
-def test_sampled_road_without_prefetch_and_with_odd_blocks():
+def test_sampled_road_with_odd_blocks():
     logits, masked, starts, lengths = _case(6, 700, 20, seed=9, pad=5, min_length=300)
-    stats = _check(logits, masked, starts, lengths, 20, cap=128, prefetch=False, block=128, filter_block=64, **SMALL_ROAD)
+    stats = _check(logits, masked, starts, lengths, 20, cap=128, block=128, filter_block=64, **SMALL_ROAD)
     assert stats[T.STAT_SAMPLED] >= 3, stats
+
+
+def test_lists_longer_than_the_tile_take_the_second_launch():
+    # a first tile of 4 slots a list: nearly every row's lists overflow it and the second
+    # launch (lists of cap / num_warps slots) must serve them, the rest stay served
+    logits, masked, starts, lengths = _case(8, 900, 24, seed=12, pad=2, min_length=200)
+    stats = _check(logits, masked, starts, lengths, 24, cap=512, tile=16, num_warps=4, **SMALL_ROAD)
+    assert stats[T.STAT_SAMPLED] >= 5 and stats[T.STAT_PLAIN] == 0, stats
+
+
+def test_nan_and_infinity_ties_at_the_kth_key_go_to_the_lowest_columns():
+    # more NaNs than k (the k-th key is NaN), and k cutting through +inf after the NaNs
+    vals = torch.randn(3, 400)
+    vals[0, ::9] = float("nan")
+    vals[1, ::5] = float("inf")
+    vals[1, 3::97] = float("nan")
+    vals[2, 1::3] = -float("nan")
+    starts = torch.zeros(3, dtype=torch.int64)
+    lengths = torch.full((3,), 400, dtype=torch.int64)
+    for kw in (dict(SMALL_ROAD, tile=32), dict(tile=1024), dict(tile=32, sample_min=1 << 30)):
+        _check(vals.to(DEVICE), vals, starts, lengths, 30, cap=1024, **kw)
 
 
 def test_cap_below_topk_is_refused():

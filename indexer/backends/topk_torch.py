@@ -56,12 +56,11 @@ def topk_choice(device: torch.device) -> str:
 
 def topk_row_bytes(problem: Problem) -> int:
     """Bytes per row of the chosen top-k's temporaries, for chunk budgets: torch.topk's k+1
-    values and indices, or the Triton kernel's candidate scratch (its programs never
-    outnumber the chunk's rows)."""
+    values and indices, or the Triton kernel's candidate lists."""
     if topk_choice(problem.device) == "triton":
-        from .triton._topk import scratch_bytes_per_program
+        from .triton._topk import scratch_bytes_per_row
 
-        return scratch_bytes_per_program(problem.topk)
+        return scratch_bytes_per_row(problem.topk)
     return 12 * (problem.topk + 1)
 
 
@@ -111,7 +110,8 @@ def row_topk(
         # another pass over the block
         vals, idx = torch.topk(logits, topk + 1, dim=1, sorted=True)
         kth = vals[:, topk - 1]
-        tied = long_rows & (vals[:, topk] == kth)
+        # NaN == NaN is false, yet NaNs tie with each other (torch.topk ranks them highest)
+        tied = long_rows & ((vals[:, topk] == kth) | (vals[:, topk].isnan() & kth.isnan()))
         idx = idx[:, :topk]
         tied_rows = torch.nonzero(tied).flatten()
         if tied_rows.numel():
@@ -137,8 +137,10 @@ def _lowest_index_topk(
         col = torch.arange(x.shape[1], device=x.device)[None, :]
         s = starts_rel.index_select(0, sel_rows)[:, None]
         inside = (col >= s) & (col < s + lengths.index_select(0, sel_rows)[:, None])
-        above = (x > v) & inside
-        equal = (x == v) & inside
+        # NaNs rank above every number, as in torch.topk (x > v is false for them)
+        nan, v_nan = x.isnan(), v.isnan()
+        above = torch.where(v_nan, False, (x > v) | nan) & inside
+        equal = torch.where(v_nan, nan, x == v) & inside
         need = topk - above.sum(dim=1, keepdim=True)
         keep = above | (equal & (torch.cumsum(equal, dim=1, dtype=torch.int32) <= need))
         picked.append(torch.nonzero(keep)[:, 1].view(sel_rows.numel(), topk))

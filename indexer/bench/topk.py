@@ -44,10 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune", action="store_true",
                    help="first time the Triton kernel's launch configs on the largest --context, print them, and use "
                         "the fastest for the rest of this run (commit it to TOPK_CONFIGS in triton/_topk.py to keep it)")
-    p.add_argument("--tune-filter-block", default="512,1024,2048")
-    p.add_argument("--tune-block", default="256,512")
-    p.add_argument("--tune-warps", default="4")
-    p.add_argument("--tune-per-sm", default="8,16")
+    p.add_argument("--tune-warps", default="4,8", help="filter kernel warps (filter_block = 128 x warps)")
+    p.add_argument("--tune-per-sm", default="4,8")
+    p.add_argument("--tune-select-warps", default="4,8")
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5) -> float:
@@ -122,12 +121,13 @@ def run(args: argparse.Namespace) -> int:
         out = torch.empty(m, k, dtype=torch.int32, device=device)
         add("torch path", lambda: torch_topk(problem, logits, (0, m), 0, out), out)
         if have_triton:
-            from ..backends.triton._topk import STAT_SAMPLED, ragged_topk
+            from ..backends.triton._topk import STAT_PLAIN, STAT_SAMPLED, ragged_topk
 
-            stats = torch.zeros(3, dtype=torch.int32, device=device)
+            stats = torch.zeros(4, dtype=torch.int32, device=device)
             ragged_topk(logits, starts, lengths, k, out, stats=stats)
-            sampled = stats[STAT_SAMPLED].item() / m
-            add("triton", lambda: ragged_topk(logits, starts, lengths, k, out), out, f"{sampled:.0%} rows sampled")
+            sampled, plain = stats[STAT_SAMPLED].item(), stats[STAT_PLAIN].item()
+            add("triton", lambda: ragged_topk(logits, starts, lengths, k, out), out,
+                f"{sampled / m:.1%} rows sampled, {plain} plain")
         if fi is not None:
             for tie_break, label in ((1, "flashinfer"), (0, "flashinfer any-tie")):
                 fn = flashinfer_topk(tie_break)[0]
@@ -183,18 +183,19 @@ def _tune(args: argparse.Namespace, device: torch.device) -> dict:
     lengths = problem.row_ends.to(torch.int64) - starts
     out = torch.empty(logits.shape[0], args.topk, dtype=torch.int32, device=device)
     rows = []
-    grid = [dict(block=b, filter_block=f, num_warps=w, programs_per_sm=p)
-            for f in int_list(args.tune_filter_block) for b in int_list(args.tune_block)
-            for w in int_list(args.tune_warps) for p in int_list(args.tune_per_sm)]
+    grid = [dict(filter_block=128 * w, num_warps=w, programs_per_sm=p, select_warps=s)
+            for w in int_list(args.tune_warps) for p in int_list(args.tune_per_sm)
+            for s in int_list(args.tune_select_warps)]
     for cfg in grid:
         ms = median_ms(lambda: T.ragged_topk(logits, starts, lengths, args.topk, out, **cfg), device,
                        warmup=1, repeats=args.repeats)
         rows.append(dict(cfg, ms=ms))
     rows.sort(key=lambda r: r["ms"])
     print(f"Triton top-k launch configs, N={n} M={logits.shape[0]} topk={args.topk}, median of {args.repeats}")
-    print(table(rows, [("filter_block", "filter_block", "d"), ("block", "block", "d"), ("num_warps", "warps", "d"),
-                       ("programs_per_sm", "programs/SM", "d"), ("ms", "ms", ".3f")]))
-    best = {key: rows[0][key] for key in ("block", "filter_block", "num_warps", "programs_per_sm")}
+    print(table(rows, [("num_warps", "filter warps", "d"), ("filter_block", "filter_block", "d"),
+                       ("programs_per_sm", "programs/SM", "d"), ("select_warps", "select warps", "d"),
+                       ("ms", "ms", ".3f")]))
+    best = {key: rows[0][key] for key in ("filter_block", "num_warps", "programs_per_sm", "select_warps")}
     T.TOPK_CONFIGS[T._arch(device)] = best
     print(f"best: TOPK_CONFIGS[{T._arch(device)!r}] = {best} (used for the rest of this run)")
     return best

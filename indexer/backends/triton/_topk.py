@@ -1,33 +1,33 @@
-"""Triton per-row ragged top-k: sampled threshold, one filtering pass, radix select.
+"""Triton per-row ragged top-k: sampled threshold, a filtering pass, selection on a tile.
 
 For each row it reads only the row's own window ``[start, start + length)`` of a (possibly
 row-padded, non-contiguous) float32 logits block and writes the ``k`` row-relative indices
-of its largest values, ``-1`` padded, unordered. Every value is mapped to an
-order-preserving 32-bit key, and selection is a radix select over ``RADIX_BITS``-bit digits
-(most significant first), never a sort. 4-bit digits by default: in Triton a 16-bin
-``tl.histogram`` pass costs about a sixth of a 512-bin one (measured on an H200), which
-more than pays for twice the passes.
+of its largest values, ``-1`` padded, unordered. Every value maps to an order-preserving
+32-bit key (NaNs above everything, ``-0.0`` equal to ``0.0``); selection counts keys, it
+never sorts. Two kernels:
 
-A plain radix select reads the row nine times (eight histograms and the write). At the
-lengths that matter (64K-1M keys, 256 KiB-4 MiB a row) those reads cannot stay in cache, so
-long rows take a shorter road that reads the row about once:
+*Filter* (persistent; rows longer than the select tile). A sample of ``pieces`` runs of
+keys spread evenly over the row (1/``sparse`` of it, up to ``pieces * piece`` keys) gives
+a threshold ``t`` that the row's k-th key reaches unless the sample is unlucky by about
+``sigmas`` standard deviations. One pass over the row then appends every key ``>= t``
+(value and column) to a per-warp list: on NVIDIA a warp places its keys with a ballot and
+a popcount (inline PTX), so the pass needs no block-wide scan and streams at 1.5-1.8x the
+copy-bandwidth floor; elsewhere (AMD, the CPU interpreter) a per-warp-row ``tl.cumsum``
+does the same. If fewer than k keys pass, the pass runs once more with a sample threshold
+twice as deep.
 
-1. *Sample*: pieces of ``PIECE`` contiguous keys spread evenly over the row, one per
-   ``PIECE * SPARSE`` keys or a little more (1/64 of the row). A
-   radix select on the sample finds the key ``t`` with ``r`` sample keys at or above it;
-   ``r`` is the sample's expected share of the top k plus four standard deviations, so
-   that fewer than k keys of the row reach ``t`` only when the sample is badly unlucky.
-2. *Filter*: one pass over the row copies every key ``>= t`` (value and column, in column
-   order) into a per-program scratch of ``CAP`` slots.
-3. *Select*: if at least ``k`` and at most ``CAP`` keys passed, the row's top k are all
-   among them (the k-th largest key is ``>= t``), so the radix select and the write run on
-   the few thousand candidates. Otherwise (an unlucky sample, or a huge tie at ``t``) the
-   row falls back to the plain radix select. Both roads are exact.
+*Select* (one program per row). The candidates (or the whole row, when it fits the tile)
+sit in registers; the k-th key is found by a bit-by-bit search on counts (``count(key >=
+x) >= k``), each step one compare per key and one block reduction, in the bits where the
+threshold and the largest candidate differ. Ties at the k-th key go to the lowest columns
+(a second search on the columns of the tied keys), the rule of the torch path, so both
+select the same set. A row whose per-warp lists overflow the first tile goes to a second
+launch with a tile as large as the lists.
 
-Ties at the k-th value go to the lowest column, the rule of the torch path, so both select
-the same set from the same logits. Programs are persistent (a few per SM, each looping over
-rows), so the scratch is sized by the grid, not by the number of rows. Triton is imported
-lazily; :func:`is_available` in ``_kernels`` reports whether it is there.
+Rows the sampled road cannot serve (still too few candidates, or more than a list holds:
+a huge tie at ``t``) take the plain road: a radix select over the whole row, ``radix_bits``
+a pass, and an ordered write. Both roads are exact. Triton is imported lazily;
+:func:`~._kernels.is_available` reports whether it is there.
 """
 
 from __future__ import annotations
@@ -45,15 +45,19 @@ except Exception:  # noqa: BLE001 - reported by _kernels.is_available
     triton = None
     tl = None
 
-#: Default shape of the road for long rows (see the module docstring). ``CAP`` bounds the
-#: scratch: ``programs * CAP * 8`` bytes.
-PIECE, SPARSE, CAP = 256, 64, 8192
+#: Shape of the sampled road (see the module docstring): ``PIECES`` runs of at most ``PIECE``
+#: keys, one key in ``SPARSE`` sampled, the sample's threshold ``SIGMAS`` standard deviations
+#: deep. The sample sits in registers during its search, and its size sets the filter
+#: kernel's register count (4096 keys: 64 registers a thread at 8 warps).
+PIECES, PIECE, SPARSE, SIGMAS = 16, 256, 32, 4.0
+#: Candidate slots per row (``max(CAP, 4 * topk)``, a power of two): ``8 * cap`` bytes.
+CAP = 8192
 RADIX_BITS = 4
-NUM_WARPS = 4
-PROGRAMS_PER_SM = 8
 #: Counters of :func:`ragged_topk`'s ``stats``: rows listed whole (at most k keys), rows
-#: selected from sampled candidates, rows that took the plain radix select.
-STAT_SHORT, STAT_SAMPLED, STAT_PLAIN = 0, 1, 2
+#: selected from sampled candidates, rows that took the plain radix select, rows selected
+#: on the row itself (longer than k, within the select tile).
+STAT_SHORT, STAT_SAMPLED, STAT_PLAIN, STAT_DIRECT = 0, 1, 2, 3
+_MIN = -2147483648  # below every key: empty tile slots
 
 if triton is not None:
 
@@ -61,12 +65,98 @@ if triton is not None:
     def _skey(v):
         # float32 -> int32 whose signed order is the floats' order; -0.0 gets +0.0's key,
         # since the two compare equal (and the torch path ties them). All 32-bit: 64-bit
-        # integer ops cost two instructions each in the streaming pass.
+        # integer ops cost two instructions each.
         bits = v.to(tl.int32, bitcast=True)
         bits = tl.where(bits == -2147483648, 0, bits)
         # every NaN above everything, as torch.topk ranks them (a negative NaN would sort low)
         bits = tl.where(v != v, 0x7FFFFFFF, bits)
         return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+    @triton.jit
+    def _key_float(t):
+        # the float whose key is t (_skey is its own inverse on the bits it produces); for a
+        # threshold key, `not (v < float)` keeps exactly the keys >= t, NaNs included
+        bits = t ^ ((t >> 31) & 0x7FFFFFFF)
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _warp_ranks(sel32):
+        """Per element: its rank among the selected (nonzero) elements of its warp, and the
+        warp's count of them. NVIDIA only (inline PTX); four elements a thread, so every
+        lane holds exactly four of the block's."""
+        return tl.inline_asm_elementwise(
+            """
+            {
+            .reg .pred p0, p1, p2, p3;
+            .reg .b32 b0, b1, b2, b3, lt, q0, q1, q2, q3;
+            setp.ne.s32 p0, $8, 0;
+            setp.ne.s32 p1, $9, 0;
+            setp.ne.s32 p2, $10, 0;
+            setp.ne.s32 p3, $11, 0;
+            vote.sync.ballot.b32 b0, p0, 0xffffffff;
+            vote.sync.ballot.b32 b1, p1, 0xffffffff;
+            vote.sync.ballot.b32 b2, p2, 0xffffffff;
+            vote.sync.ballot.b32 b3, p3, 0xffffffff;
+            mov.u32 lt, %lanemask_lt;
+            and.b32 q0, b0, lt;
+            popc.b32 q0, q0;
+            and.b32 q1, b1, lt;
+            popc.b32 q1, q1;
+            and.b32 q2, b2, lt;
+            popc.b32 q2, q2;
+            and.b32 q3, b3, lt;
+            popc.b32 q3, q3;
+            popc.b32 b0, b0;
+            popc.b32 b1, b1;
+            popc.b32 b2, b2;
+            popc.b32 b3, b3;
+            mov.u32 $0, q0;
+            add.u32 $1, q1, b0;
+            add.u32 b0, b0, b1;
+            add.u32 $2, q2, b0;
+            add.u32 b0, b0, b2;
+            add.u32 $3, q3, b0;
+            add.u32 b0, b0, b3;
+            mov.u32 $4, b0;
+            mov.u32 $5, b0;
+            mov.u32 $6, b0;
+            mov.u32 $7, b0;
+            }
+            """,
+            "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r",
+            [sel32],
+            dtype=(tl.int32, tl.int32),
+            is_pure=True,
+            pack=4,
+        )
+
+    @triton.jit
+    def _warp_id(x):
+        # the hardware warp of each element's thread (lists are per warp, whatever the layout)
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 t; mov.u32 t, %tid.x; shr.u32 $0, t, 5; }", "=r,r", [x], dtype=tl.int32, is_pure=True, pack=1)
+
+    @triton.jit
+    def _search(keys, need, lo, hi, LOW_BIT: tl.constexpr):
+        """The largest key ``x`` with at least ``need`` of ``keys`` (int32 [T], empty slots
+        ``-2**31``) at or above it, given ``lo <= x <= hi``: bit by bit, most significant
+        first, on the keys' unsigned form, one count a bit where ``lo`` and ``hi`` differ.
+        Bits below ``LOW_BIT`` stay 0, which makes ``x`` a lower bound of that key."""
+        lo_u = lo ^ -2147483648
+        diff = lo_u ^ (hi ^ -2147483648)
+        a = tl.full((), 0, tl.int32)
+        one = tl.full((), 1, tl.int32)
+        for i in range(0, 32 - LOW_BIT):
+            b = 31 - i
+            bit = one << b
+            if (diff >> b) == 0:  # lo and hi agree from here up
+                a = a | (lo_u & bit)
+            else:
+                cand = a | bit
+                if tl.sum((keys >= (cand ^ -2147483648)).to(tl.int32), axis=0) >= need:
+                    a = cand
+        return a ^ -2147483648
+
 
     @triton.jit
     def _kth_largest(ptr, n, limit, need, BLOCK: tl.constexpr, PIECE: tl.constexpr, stride,
@@ -123,92 +213,210 @@ if triton is not None:
             eq_seen += tl.sum(eq, axis=0)
 
     @triton.jit
-    def _ragged_topk_kernel(
-        logits_ptr, starts_ptr, lengths_ptr, out_ptr, scratch_v_ptr, scratch_c_ptr, stats_ptr,
-        rows, stride_lm, stride_om, sample_min,
+    def _filter_pass(base, length, cand, cnt_row, t, W: tl.constexpr, BW: tl.constexpr, WCAP: tl.constexpr,
+                     BALLOT: tl.constexpr):
+        """One pass over a row: every key ``>= t`` into its warp's list (``cand + w * WCAP``,
+        value bits in the low word, column in the high one), the list lengths to
+        ``cnt_row[0:W]`` (counting on past ``WCAP``: then the list overflowed); returns
+        their sum."""
+        STEP: tl.constexpr = W * BW
+        tf = _key_float(t)
+        wr = tl.arange(0, W)
+        if BALLOT:
+            off1 = tl.arange(0, STEP)
+            ahead = tl.load(base + off1, mask=off1 < length, other=float("-inf"))
+            run = tl.zeros((STEP,), tl.int32)  # each element: its warp's list length
+            wid = _warp_id(off1)
+            for c0 in range(0, length, STEP):
+                c = c0 + off1
+                v = ahead
+                # the next block's load goes out before this block's stores
+                ahead = tl.load(base + c + STEP, mask=c + STEP < length, other=float("-inf"))
+                sel = (~(v < tf)) & (c < length)
+                rank, tot = _warp_ranks(sel.to(tl.int32))
+                pos = run + rank
+                packed = (c.to(tl.int64) << 32) | (v.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+                tl.store(cand + wid * WCAP + pos, packed, mask=sel & (pos < WCAP))
+                run += tot
+            tl.store(cnt_row + wid, run)  # all of a warp's elements agree
+        else:
+            off2 = wr[:, None] * BW + tl.arange(0, BW)[None, :]
+            ahead = tl.load(base + off2, mask=off2 < length, other=float("-inf"))
+            cnt = tl.zeros((W,), tl.int32)
+            for c0 in range(0, length, STEP):
+                c = c0 + off2
+                v = ahead
+                ahead = tl.load(base + c + STEP, mask=c + STEP < length, other=float("-inf"))
+                sel = (~(v < tf)) & (c < length)
+                s32 = sel.to(tl.int32)
+                pos = cnt[:, None] + tl.cumsum(s32, axis=1) - 1
+                packed = (c.to(tl.int64) << 32) | (v.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+                tl.store(cand + wr[:, None] * WCAP + pos, packed, mask=sel & (pos < WCAP))
+                cnt += tl.sum(s32, axis=1)
+            tl.store(cnt_row + wr, cnt)
+        # the counts were written by other threads of this program
+        tl.debug_barrier()
+        return tl.sum(tl.load(cnt_row + wr), axis=0)
+
+    @triton.jit
+    def _filter_kernel(
+        logits_ptr, starts_ptr, lengths_ptr, cand_ptr, cnt_ptr, thr_ptr,
+        rows, stride_lm, sample_min,
         K: tl.constexpr,
-        KP: tl.constexpr,
-        BLOCK: tl.constexpr,
-        FBLOCK: tl.constexpr,
+        W: tl.constexpr,
+        BW: tl.constexpr,
+        WCAP: tl.constexpr,
+        NP: tl.constexpr,
         PIECE: tl.constexpr,
-        PSTRIDE: tl.constexpr,
-        CAP: tl.constexpr,
-        RADIX_BITS: tl.constexpr,
-        R: tl.constexpr,
-        PREFETCH: tl.constexpr,
-        STATS: tl.constexpr,
+        SPARSE: tl.constexpr,
+        SIGMAS: tl.constexpr,
+        LOW_BIT: tl.constexpr,
+        DIRECT: tl.constexpr,
+        BALLOT: tl.constexpr,
     ):
+        """Rows longer than ``DIRECT`` (and at least ``sample_min``): threshold ``thr[row]``
+        and the keys at or above it in ``W`` lists of ``WCAP`` slots (value bits in the low
+        word, column in the high one), ``cnt[row, w]`` keys in list ``w`` (it counts on past
+        ``WCAP``: then the list overflowed)."""
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
-        sv = scratch_v_ptr + pid.to(tl.int64) * CAP
-        sc = scratch_c_ptr + pid.to(tl.int64) * CAP
+        CAP: tl.constexpr = W * WCAP
+        si = tl.arange(0, NP * PIECE)
+        pp = si // PIECE
+        pj = si % PIECE
         for row32 in range(pid, rows, nprog):
             row = row32 + tl.zeros((), tl.int64)  # 64-bit offsets (an int under the interpreter)
-            start = tl.load(starts_ptr + row).to(tl.int64)
             length = tl.load(lengths_ptr + row)
-            base = logits_ptr + row * stride_lm + start
-            obase = out_ptr + row * stride_om
-            if length <= K:
-                kk = tl.arange(0, KP)
-                tl.store(obase + kk, tl.where(kk < length, kk, -1), mask=kk < K)
-                if STATS:
-                    tl.atomic_add(stats_ptr + 0, 1)
+            if (length > DIRECT) & (length >= sample_min):
+                base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
+                cand = cand_ptr + row * CAP
+                # NP runs spread evenly over the row, the recent end no denser than the rest
+                spread = length // NP
+                plen = tl.minimum(tl.maximum(spread // SPARSE, 1), PIECE)
+                smask = pj < plen
+                s = NP * plen
+                # the sample holds mu of the row's top k on average; its r-th largest key is
+                # reached by k keys of the row unless the sample is off by SIGMAS deviations
+                mu = K * s.to(tl.float32) / length.to(tl.float32)
+                r = tl.minimum((mu + SIGMAS * tl.sqrt(mu) + 1.0).to(tl.int32), s)
+                skeys = tl.where(smask, _skey(tl.load(base + pp * spread + pj, mask=smask, other=0.0)), -2147483648)
+                t = _search(skeys, r, -2147483648, 2147483647, LOW_BIT)
+                total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT)
+                if total < K:
+                    # too few keys passed: once more, twice as deep into the sample (read
+                    # again, so that it is not held in registers through the pass)
+                    skeys = tl.where(smask, _skey(tl.load(base + pp * spread + pj, mask=smask, other=0.0)), -2147483648)
+                    t = _search(skeys, tl.minimum(2 * r, s), -2147483648, 2147483647, LOW_BIT)
+                    total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT)
+                tl.store(thr_ptr + row, t)
+
+    @triton.jit
+    def _select_kernel(
+        logits_ptr, starts_ptr, lengths_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, todo_ptr, stats_ptr,
+        stride_lm, stride_om, sample_min,
+        K: tl.constexpr,
+        KP: tl.constexpr,
+        W: tl.constexpr,
+        WCAP: tl.constexpr,
+        STW: tl.constexpr,
+        DIRECT: tl.constexpr,
+        CH: tl.constexpr,
+        BLOCK: tl.constexpr,
+        RADIX_BITS: tl.constexpr,
+        R: tl.constexpr,
+        FIRST: tl.constexpr,
+        STATS: tl.constexpr,
+    ):
+        """One row a program. The first launch (``FIRST``) serves every row and marks in
+        ``todo`` the rows whose lists do not fit its tile of ``STW`` slots a list; a later
+        launch, with a tile as large as the lists, serves only those."""
+        row = tl.program_id(0).to(tl.int64)
+        length = tl.load(lengths_ptr + row)
+        if not FIRST:
+            if tl.load(todo_ptr + row) == 0:
+                return
+        base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
+        obase = out_ptr + row * stride_om
+        CAP: tl.constexpr = W * WCAP
+        T: tl.constexpr = W * STW
+        idx = tl.arange(0, T)
+        if length <= K:
+            kk = tl.arange(0, KP)
+            tl.store(obase + kk, tl.where(kk < length, kk, -1), mask=kk < K)
+            if FIRST:
+                tl.store(todo_ptr + row, 0)
+            if STATS:
+                tl.atomic_add(stats_ptr + 0, 1)
+        else:
+            direct = length <= DIRECT
+            # 0: select on the tile, 1: plain road, 2: a later launch
+            road = tl.full((), 0, tl.int32)
+            if direct:
+                keys = tl.where(idx < length, _skey(tl.load(base + idx, mask=idx < length, other=0.0)), -2147483648)
+                lo = tl.min(tl.where(idx < length, keys, 2147483647), axis=0)
             else:
-                plain = 1
-                if length >= sample_min:
-                    # pieces spread evenly over the whole row (one per `spread` keys, at least
-                    # PSTRIDE apart), so no stretch of it, the recent end included, is
-                    # sampled more densely than another
-                    npieces = tl.maximum(length // PSTRIDE, 1)
-                    spread = length // npieces
-                    s = npieces * tl.minimum(PIECE, spread)
-                    # the sample should hold mu of the row's top k; asking for mu plus four
-                    # standard deviations makes too few candidates a rare event
-                    mu = K * s.to(tl.float32) / length.to(tl.float32)
-                    r = (mu + 4.0 * tl.sqrt(mu) + 1.0).to(tl.int32)
-                    r = tl.minimum(r, s)
-                    t, _unused = _kth_largest(base, npieces * PIECE, length, r, BLOCK, PIECE, spread, RADIX_BITS, R)
-                    cnt = tl.full((), 0, tl.int32)
-                    ahead = tl.load(base + tl.arange(0, FBLOCK), mask=tl.arange(0, FBLOCK) < length, other=0.0)
-                    for c0 in range(0, length, FBLOCK):
-                        cols = c0 + tl.arange(0, FBLOCK)
-                        m = cols < length
-                        v = ahead
-                        if PREFETCH:
-                            # issue the next block's load before this block's scan, whose
-                            # cross-warp steps would otherwise expose the load's latency
-                            ahead = tl.load(base + cols + FBLOCK, mask=cols + FBLOCK < length, other=0.0)
-                        else:
-                            v = tl.load(base + cols, mask=m, other=0.0)
-                        sel = m & (_skey(v) >= t)
-                        pos = cnt + tl.cumsum(sel.to(tl.int32), axis=0) - 1
-                        ok = sel & (pos < CAP)
-                        tl.store(sv + pos, v, mask=ok)
-                        tl.store(sc + pos, cols, mask=ok)
-                        cnt += tl.sum(sel.to(tl.int32), axis=0)
-                    # the scratch was written by other threads of this program
-                    tl.debug_barrier()
-                    if (cnt >= K) & (cnt <= CAP):
-                        kth, need = _kth_largest(sv, cnt, cnt, K, BLOCK, BLOCK, BLOCK, RADIX_BITS, R)
-                        _emit(sv, sc, cnt, kth, need, obase, BLOCK, True)
-                        plain = 0
-                    # the next row overwrites the scratch
-                    tl.debug_barrier()
-                if plain != 0:
-                    kth, need = _kth_largest(base, length, length, K, BLOCK, BLOCK, BLOCK, RADIX_BITS, R)
-                    _emit(base, base, length, kth, need, obase, BLOCK, False)
+                cnt = tl.load(cnt_ptr + row * W + tl.arange(0, W))
+                longest = tl.max(cnt, axis=0)
+                road = ((length < sample_min) | (tl.sum(cnt, axis=0) < K) | (longest > WCAP)).to(tl.int32)
+                road = tl.where((road == 0) & (longest > STW), 2, road)
+                valid = idx % STW < tl.where(road == 0, tl.load(cnt_ptr + row * W + idx // STW), 0)
+                v = tl.load(cand32_ptr + 2 * (row * CAP + (idx // STW) * WCAP + idx % STW), mask=valid, other=0)
+                keys = tl.where(valid, _skey(v.to(tl.float32, bitcast=True)), -2147483648)
+                lo = tl.load(thr_ptr + row)
+            if FIRST:
+                tl.store(todo_ptr + row, (road == 2).to(tl.int32))
+            if road == 0:
+                kth = _search(keys, K, lo, tl.max(keys, axis=0), 0)
+                gt = keys > kth
+                eq = keys == kth
+                need = K - tl.sum(gt.to(tl.int32), axis=0)
+                colth = tl.full((), 2147483647, tl.int32)
+                if tl.sum(eq.to(tl.int32), axis=0) > need:
+                    # ties at the k-th key: the `need` lowest columns, found by the same
+                    # search on -column - 1
+                    if direct:
+                        col = idx
+                    else:
+                        col = tl.load(cand32_ptr + 2 * (row * CAP + (idx // STW) * WCAP + idx % STW) + 1, mask=eq, other=0)
+                    colth = -_search(tl.where(eq, -col - 1, -2147483648), need, -length, -1, 0) - 1
+                # the write re-reads the candidates a chunk at a time, so that the key tile is
+                # the only large value held in registers (more rows in flight per SM)
+                taken = tl.full((), 0, tl.int32)
+                for c0 in range(0, T, CH):
+                    i = c0 + tl.arange(0, CH)
+                    if direct:
+                        m = i < length
+                        key = _skey(tl.load(base + i, mask=m, other=0.0))
+                        ci = i
+                    else:
+                        m = i % STW < tl.load(cnt_ptr + row * W + i // STW)
+                        slot = cand32_ptr + 2 * (row * CAP + (i // STW) * WCAP + i % STW)
+                        key = _skey(tl.load(slot, mask=m, other=0).to(tl.float32, bitcast=True))
+                        ci = tl.load(slot + 1, mask=m, other=0)
+                    sel = m & ((key > kth) | ((key == kth) & (ci <= colth)))
+                    tl.store(obase + taken + tl.cumsum(sel.to(tl.int32), axis=0) - 1, ci, mask=sel)
+                    taken += tl.sum(sel.to(tl.int32), axis=0)
                 if STATS:
-                    tl.atomic_add(stats_ptr + 2 - (1 - plain), 1)
+                    tl.atomic_add(stats_ptr + tl.where(direct, 3, 1), 1)
+            elif road == 1:
+                kth, need = _kth_largest(base, length, length, K, BLOCK, BLOCK, BLOCK, RADIX_BITS, R)
+                _emit(base, base, length, kth, need, obase, BLOCK, False)
+                if STATS:
+                    tl.atomic_add(stats_ptr + 2, 1)
 
 
-#: Launch config per GPU architecture (``sm90``, ``gfx942``...), from ``python -m indexer bench
-#: topk --tune``; architectures not listed take :data:`DEFAULT_CONFIG`. Unlike the logits
-#: kernel's configs these may differ by chunk: the selected set does not depend on them.
-DEFAULT_CONFIG = dict(block=512, filter_block=512, num_warps=NUM_WARPS, programs_per_sm=PROGRAMS_PER_SM)
+
+#: Launch config per GPU architecture (``sm90``, ``gfx942``...); architectures not listed
+#: take :data:`DEFAULT_CONFIG`. Unlike the logits kernel's configs these may differ by chunk:
+#: the selected set does not depend on them.
+DEFAULT_CONFIG = dict(num_warps=4, filter_block=512, programs_per_sm=8, select_warps=4, block=512)
 TOPK_CONFIGS: dict[str, dict] = {
-    # H200, M=8192 late chunk, N=256K, topk=2048 (docs/benchmarks.md)
-    "sm90": dict(block=512, filter_block=1024, num_warps=4, programs_per_sm=16),
+    # H200, M=8192 late chunk, N=64K-256K, topk=2048 (docs/benchmarks.md)
+    "sm90": dict(num_warps=8, filter_block=1024, programs_per_sm=8, select_warps=4),
 }
+#: Bits of the sample threshold's key left 0 (a slightly lower, safe threshold; 8 fewer
+#: counting steps).
+_SAMPLE_LOW_BIT = 8
 
 
 @functools.lru_cache(maxsize=None)
@@ -230,14 +438,14 @@ def _next_pow2(x: int) -> int:
 
 
 def default_cap(topk: int) -> int:
-    """Candidate slots of a program's scratch: ``max(CAP, 4 * topk)``, a power of two."""
+    """Candidate slots a row: ``max(CAP, 4 * topk)``, a power of two."""
     return _next_pow2(max(CAP, 4 * topk))
 
 
-def scratch_bytes_per_program(topk: int) -> int:
-    """Bytes of one program's candidate scratch (value and column per slot) at the default
-    capacity; the grid has at most one program per row."""
-    return 8 * default_cap(topk)
+def scratch_bytes_per_row(topk: int) -> int:
+    """Bytes of :func:`ragged_topk`'s temporaries a row at the default capacity: the
+    candidate lists (value and column a slot) and the per-list counts (16 lists at most)."""
+    return 8 * default_cap(topk) + 4 * 16 + 8
 
 
 def _pow2(x: int) -> bool:
@@ -251,6 +459,11 @@ def _programs(device: torch.device, rows: int, per_sm: int) -> int:
     return max(1, min(rows, 4))  # Triton's interpreter runs programs one by one
 
 
+def _ballot_ok(device: torch.device, num_warps: int, filter_block: int) -> bool:
+    # the PTX ballot needs NVIDIA and four keys a thread in the filtering pass
+    return device.type == "cuda" and torch.version.hip is None and filter_block == num_warps * 128
+
+
 def ragged_topk(
     logits: torch.Tensor,
     starts_rel: torch.Tensor,
@@ -260,14 +473,18 @@ def ragged_topk(
     block: int | None = None,
     *,
     filter_block: int | None = None,
-    prefetch: bool = True,
-    radix_bits: int = RADIX_BITS,
     num_warps: int | None = None,
     programs_per_sm: int | None = None,
+    select_warps: int | None = None,
+    tile: int | None = None,
+    ballot: bool | None = None,
+    radix_bits: int = RADIX_BITS,
+    pieces: int | None = None,
     piece: int = PIECE,
     sparse: int = SPARSE,
+    sigmas: float = SIGMAS,
     cap: int | None = None,
-    sample_min: int | None = None,
+    sample_min: int = 0,
     stats: torch.Tensor | None = None,
 ) -> None:
     """Per-row top-k of a logits block, reading each row's window only.
@@ -280,55 +497,90 @@ def ragged_topk(
         topk: Keys kept per row.
         out: int32 ``[R, topk]`` contiguous rows; gets indices relative to each row's first
             key, unordered, ``-1`` padded.
-        block: Keys per step of the histogram and write passes (a power of two). This and
-            the other launch options left ``None`` come from :func:`launch_config`.
-        filter_block: Keys per step of the filtering pass (a power of two).
-        prefetch: Load the filtering pass's next block before scanning the current one.
-        radix_bits: Bits of the key resolved per histogram pass (1, 2, 4 or 8): fewer bins
-            make a pass cheaper in Triton than fewer passes do.
-        num_warps, programs_per_sm: Launch shape (the grid is persistent).
-        piece, sparse, cap: The long-row road: sampled pieces of ``piece`` keys, one piece
-            in every ``sparse``; at most ``cap`` candidates (default ``max(CAP, 4 * topk)``
-            rounded up to a power of two; ``cap >= topk``).
-        sample_min: Rows shorter than this take the plain radix select (default
-            ``4 * topk``: below it the sample saves little).
-        stats: Optional int32 ``[3]`` on the logits' device; the kernel adds each row to
-            one counter (``STAT_SHORT``, ``STAT_SAMPLED``, ``STAT_PLAIN``).
+        block: Keys per step of the plain road's passes (a power of two). This and the
+            other launch options left ``None`` come from :func:`launch_config`.
+        filter_block: Keys per step of the filtering pass (a power of two, a multiple of
+            ``num_warps``); ``128 * num_warps`` lets NVIDIA GPUs use the ballot.
+        num_warps: Warps of the filter kernel, also its number of candidate lists.
+        programs_per_sm: Filter programs per SM (its grid is persistent).
+        select_warps: Warps of the select kernel's first launch.
+        tile: Candidate slots of the select kernel's first launch (a power of two,
+            ``num_warps`` to ``cap``; default ``2 * topk`` rounded up to a power of two);
+            rows up to this long are selected on the row itself.
+        ballot: Place candidates with the PTX ballot (default: where it can run).
+        radix_bits: Bits of the key resolved per pass of the plain road (1, 2, 4 or 8).
+        pieces, piece, sparse, sigmas: The sample: ``pieces`` runs (a power of two) of at
+            most ``piece`` keys (a power of two), one key in ``sparse`` sampled; its
+            threshold ``sigmas`` standard deviations deep.
+        cap: Candidate slots a row (default ``max(CAP, 4 * topk)``, a power of two, at
+            least ``topk``); ``8 * cap`` bytes a row of scratch.
+        sample_min: Rows longer than ``tile`` but shorter than this take the plain road.
+        stats: Optional int32 ``[4]`` on the logits' device; the kernel adds each row to
+            one counter (``STAT_SHORT``, ``STAT_SAMPLED``, ``STAT_PLAIN``, ``STAT_DIRECT``).
+
+    Raises:
+        ValueError: an option out of range (before any kernel runs).
     """
     if triton is None:
         raise RuntimeError("triton is not importable")
-    rows = logits.shape[0]
-    if rows == 0:
-        return
+    rows, n = logits.shape
     if logits.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError("logits and out need column stride 1")
-    if cap is None:
-        cap = default_cap(topk)
-    if cap < topk:
-        raise ValueError(f"cap={cap} must be at least topk={topk}")
     device = logits.device
     cfg = launch_config(device)
     block = cfg["block"] if block is None else block
     filter_block = cfg["filter_block"] if filter_block is None else filter_block
     num_warps = cfg["num_warps"] if num_warps is None else num_warps
     programs_per_sm = cfg["programs_per_sm"] if programs_per_sm is None else programs_per_sm
-    starts = starts_rel.to(torch.int32).contiguous()
-    lens = lengths.to(torch.int32).contiguous()
+    select_warps = cfg["select_warps"] if select_warps is None else select_warps
+    cap = default_cap(topk) if cap is None else cap
+    tile = min(_next_pow2(2 * topk), cap) if tile is None else tile
+    pieces = PIECES if pieces is None else pieces
     if radix_bits not in (1, 2, 4, 8):
         raise ValueError(f"radix_bits must be 1, 2, 4 or 8, got {radix_bits}")
-    for name, value in (("block", block), ("filter_block", filter_block), ("cap", cap)):
+    for name, value in (("block", block), ("filter_block", filter_block), ("num_warps", num_warps),
+                        ("select_warps", select_warps), ("cap", cap), ("tile", tile), ("pieces", pieces),
+                        ("piece", piece)):
         if not _pow2(value):
             raise ValueError(f"{name} must be a power of two, got {value}")
-    for name, value in (("piece", piece), ("sparse", sparse), ("num_warps", num_warps), ("programs_per_sm", programs_per_sm)):
+    for name, value in (("sparse", sparse), ("programs_per_sm", programs_per_sm)):
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
-    programs = _programs(device, rows, programs_per_sm)
-    scratch_v = torch.empty(programs, cap, dtype=torch.float32, device=device)
-    scratch_c = torch.empty(programs, cap, dtype=torch.int32, device=device)
+    if not sigmas > 0:
+        raise ValueError(f"sigmas must be positive, got {sigmas}")
+    if cap < topk:
+        raise ValueError(f"cap={cap} must be at least topk={topk}")
+    if not (num_warps <= min(filter_block, tile) and tile <= cap):
+        raise ValueError(f"need num_warps <= filter_block, num_warps <= tile <= cap; got num_warps={num_warps}, "
+                         f"filter_block={filter_block}, tile={tile}, cap={cap}")
+    if ballot and not _ballot_ok(device, num_warps, filter_block):
+        raise ValueError(f"ballot=True needs an NVIDIA GPU and filter_block == 128 * num_warps, got {device}, "
+                         f"filter_block={filter_block}, num_warps={num_warps}")
+    ballot = _ballot_ok(device, num_warps, filter_block) if ballot is None else ballot
+    if rows == 0:
+        return
+    starts = starts_rel.to(torch.int32).contiguous()
+    lens = lengths.to(torch.int32).contiguous()
+    cand = torch.empty(rows, cap, dtype=torch.int64, device=device)
+    counts = torch.empty(rows, num_warps, dtype=torch.int32, device=device)
+    thr = torch.empty(rows, dtype=torch.int32, device=device)
+    todo = torch.empty(rows, dtype=torch.int32, device=device)
+    wcap = cap // num_warps
+    stats_arg = stats if stats is not None else lens
     with device_guard(logits):
-        _ragged_topk_kernel[(programs,)](
-            logits, starts, lens, out, scratch_v, scratch_c, stats if stats is not None else lens,
-            rows, logits.stride(0), out.stride(0), 4 * topk if sample_min is None else sample_min,
-            K=topk, KP=_next_pow2(topk), BLOCK=block, FBLOCK=filter_block, PIECE=piece, PSTRIDE=piece * sparse,
-            CAP=cap, RADIX_BITS=radix_bits, R=1 << radix_bits, PREFETCH=prefetch, STATS=stats is not None, num_warps=num_warps,
+        _filter_kernel[(_programs(device, rows, programs_per_sm),)](
+            logits, starts, lens, cand, counts, thr, rows, logits.stride(0), sample_min,
+            K=topk, W=num_warps, BW=filter_block // num_warps, WCAP=wcap, NP=pieces, PIECE=piece, SPARSE=sparse,
+            SIGMAS=float(sigmas), LOW_BIT=_SAMPLE_LOW_BIT, DIRECT=tile, BALLOT=bool(ballot), num_warps=num_warps,
         )
+        # first launch: tiles of `tile` slots; rows whose lists do not fit: one of `cap`
+        for first, slots in ((True, tile), (False, cap)):
+            if not first and slots == tile:
+                break
+            _select_kernel[(rows,)](
+                logits, starts, lens, out, cand.view(torch.int32), counts, thr, todo, stats_arg,
+                logits.stride(0), out.stride(0), sample_min,
+                K=topk, KP=_next_pow2(topk), W=num_warps, WCAP=wcap, STW=slots // num_warps, DIRECT=tile,
+                CH=min(1024, slots), BLOCK=block, RADIX_BITS=radix_bits, R=1 << radix_bits, FIRST=first,
+                STATS=stats is not None, num_warps=select_warps if first else max(select_warps, min(16, slots // 1024)),
+            )
