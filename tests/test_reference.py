@@ -141,3 +141,19 @@ def test_chunks_end_at_request_boundaries_and_scan_is_bounded():
         cuts.append(end)
         start = end
     assert cuts == [100, 400, 450]  # one chunk per request, whatever the scan window
+
+
+def test_torch_path_ranks_nans_highest_and_ties_them_to_the_lowest_columns():
+    # NaN == NaN is false, so a plain "x > kth" / "x == kth" tie rule loses NaNs: with the
+    # k-th value +inf, the NaNs (ranked above it by torch.topk) must stay in; with the k-th
+    # value NaN, the lowest-column NaNs are kept
+    from indexer.backends.topk_torch import row_topk
+
+    x = torch.arange(40, dtype=torch.float32).repeat(2, 1)
+    x[0, ::4] = float("inf")
+    x[0, [5, 30]] = float("nan")  # 2 NaNs + 10 infs (the k-th, tied) for k=8
+    x[1, ::3] = float("nan")  # 14 NaNs, k=8: the 8 lowest columns
+    out = torch.empty(2, 8, dtype=torch.int32)
+    row_topk(x, torch.zeros(2, dtype=torch.int64), torch.full((2,), 40, dtype=torch.int64), 8, out)
+    assert sorted(out[0].tolist()) == [0, 4, 5, 8, 12, 16, 20, 30]
+    assert sorted(out[1].tolist()) == [0, 3, 6, 9, 12, 15, 18, 21]
