@@ -238,3 +238,12 @@ def test_triton_backend_with_either_topk_selects_the_same_sets(monkeypatch):
     b = indexer.prefill_topk(*inp.args(), 24, backend="triton", max_logits_mb=0.05)
     assert torch.equal(a.sort(1).values, b.sort(1).values)
     assert (b[3:5] == -1).all()
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(tile=16), dict(tile=64, sample_min=1 << 30), dict(tile=1024)])
+def test_fused_select_selects_the_same_sets(kw):
+    # the select done by the filter kernel's own programs: every road, the second launch too
+    logits, masked, starts, lengths = _case(10, 900, 24, seed=21, quantize=4.0, pad=3, min_length=100)
+    stats = _check(logits, masked, starts, lengths, 24, cap=1024, fused=True, **dict(SMALL_ROAD, **kw))
+    road = T.STAT_PLAIN if "sample_min" in kw else T.STAT_DIRECT if kw.get("tile") == 1024 else T.STAT_SAMPLED
+    assert stats[road] >= 7, stats

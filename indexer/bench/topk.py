@@ -47,6 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune-warps", default="4,8", help="filter kernel warps (filter_block = 128 x warps)")
     p.add_argument("--tune-per-sm", default="4,8")
     p.add_argument("--tune-select-warps", default="4,8")
+    p.add_argument("--tune-fused", default="0,1", help="select in the filter kernel (1) or in its own launch (0)")
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5) -> float:
@@ -183,9 +184,9 @@ def _tune(args: argparse.Namespace, device: torch.device) -> dict:
     lengths = problem.row_ends.to(torch.int64) - starts
     out = torch.empty(logits.shape[0], args.topk, dtype=torch.int32, device=device)
     rows = []
-    grid = [dict(filter_block=128 * w, num_warps=w, programs_per_sm=p, select_warps=s)
+    grid = [dict(filter_block=128 * w, num_warps=w, programs_per_sm=p, select_warps=s, fused=bool(f))
             for w in int_list(args.tune_warps) for p in int_list(args.tune_per_sm)
-            for s in int_list(args.tune_select_warps)]
+            for f in int_list(args.tune_fused) for s in (int_list(args.tune_select_warps) if not f else [w])]
     for cfg in grid:
         ms = median_ms(lambda: T.ragged_topk(logits, starts, lengths, args.topk, out, **cfg), device,
                        warmup=1, repeats=args.repeats)
@@ -193,9 +194,9 @@ def _tune(args: argparse.Namespace, device: torch.device) -> dict:
     rows.sort(key=lambda r: r["ms"])
     print(f"Triton top-k launch configs, N={n} M={logits.shape[0]} topk={args.topk}, median of {args.repeats}")
     print(table(rows, [("num_warps", "filter warps", "d"), ("filter_block", "filter_block", "d"),
-                       ("programs_per_sm", "programs/SM", "d"), ("select_warps", "select warps", "d"),
-                       ("ms", "ms", ".3f")]))
-    best = {key: rows[0][key] for key in ("filter_block", "num_warps", "programs_per_sm", "select_warps")}
+                       ("programs_per_sm", "programs/SM", "d"), ("fused", "fused", "d"),
+                       ("select_warps", "select warps", "d"), ("ms", "ms", ".3f")]))
+    best = {key: rows[0][key] for key in ("filter_block", "num_warps", "programs_per_sm", "select_warps", "fused")}
     T.TOPK_CONFIGS[T._arch(device)] = best
     print(f"best: TOPK_CONFIGS[{T._arch(device)!r}] = {best} (used for the rest of this run)")
     return best

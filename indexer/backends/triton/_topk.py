@@ -260,8 +260,8 @@ if triton is not None:
 
     @triton.jit
     def _filter_kernel(
-        logits_ptr, starts_ptr, lengths_ptr, cand_ptr, cnt_ptr, thr_ptr,
-        rows, stride_lm, sample_min,
+        logits_ptr, starts_ptr, lengths_ptr, cand_ptr, cand32_ptr, cnt_ptr, thr_ptr, out_ptr, todo_ptr, stats_ptr,
+        rows, stride_lm, stride_om, sample_min,
         K: tl.constexpr,
         W: tl.constexpr,
         BW: tl.constexpr,
@@ -273,11 +273,21 @@ if triton is not None:
         LOW_BIT: tl.constexpr,
         DIRECT: tl.constexpr,
         BALLOT: tl.constexpr,
+        FUSED: tl.constexpr,
+        KP: tl.constexpr,
+        STW: tl.constexpr,
+        CH: tl.constexpr,
+        BLOCK: tl.constexpr,
+        RADIX_BITS: tl.constexpr,
+        R: tl.constexpr,
+        STATS: tl.constexpr,
     ):
         """Rows longer than ``DIRECT`` (and at least ``sample_min``): threshold ``thr[row]``
         and the keys at or above it in ``W`` lists of ``WCAP`` slots (value bits in the low
         word, column in the high one), ``cnt[row, w]`` keys in list ``w`` (it counts on past
-        ``WCAP``: then the list overflowed)."""
+        ``WCAP``: then the list overflowed). ``FUSED``: the same program then selects the
+        row's top k (:func:`_select_row`, first launch), so that one program's counting
+        steps overlap the other programs' streaming on the SM."""
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
         CAP: tl.constexpr = W * WCAP
@@ -309,10 +319,16 @@ if triton is not None:
                     t = _search(skeys, tl.minimum(2 * r, s), -2147483648, 2147483647, LOW_BIT)
                     total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT)
                 tl.store(thr_ptr + row, t)
+            if FUSED:
+                _select_row(row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, todo_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW,
+                            DIRECT, CH, BLOCK, RADIX_BITS, R, True, STATS)
+                # the next row's candidates and counts are other slots, but the tile's
+                # scratch for reductions is shared: keep the rows apart
+                tl.debug_barrier()
 
     @triton.jit
-    def _select_kernel(
-        logits_ptr, starts_ptr, lengths_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, todo_ptr, stats_ptr,
+    def _select_row(
+        row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, todo_ptr, stats_ptr,
         stride_lm, stride_om, sample_min,
         K: tl.constexpr,
         KP: tl.constexpr,
@@ -327,14 +343,10 @@ if triton is not None:
         FIRST: tl.constexpr,
         STATS: tl.constexpr,
     ):
-        """One row a program. The first launch (``FIRST``) serves every row and marks in
-        ``todo`` the rows whose lists do not fit its tile of ``STW`` slots a list; a later
-        launch, with a tile as large as the lists, serves only those."""
-        row = tl.program_id(0).to(tl.int64)
-        length = tl.load(lengths_ptr + row)
-        if not FIRST:
-            if tl.load(todo_ptr + row) == 0:
-                return
+        """The top k of one row (its candidates filtered already, if it is longer than
+        ``DIRECT``) with a tile of ``STW`` slots a list. A first launch (``FIRST``) marks in
+        ``todo`` the rows whose lists do not fit the tile, for a later one with a tile as
+        large as the lists."""
         base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
         obase = out_ptr + row * stride_om
         CAP: tl.constexpr = W * WCAP
@@ -406,10 +418,39 @@ if triton is not None:
 
 
 
+    @triton.jit
+    def _select_kernel(
+        logits_ptr, starts_ptr, lengths_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, todo_ptr, stats_ptr,
+        stride_lm, stride_om, sample_min,
+        K: tl.constexpr,
+        KP: tl.constexpr,
+        W: tl.constexpr,
+        WCAP: tl.constexpr,
+        STW: tl.constexpr,
+        DIRECT: tl.constexpr,
+        CH: tl.constexpr,
+        BLOCK: tl.constexpr,
+        RADIX_BITS: tl.constexpr,
+        R: tl.constexpr,
+        FIRST: tl.constexpr,
+        STATS: tl.constexpr,
+    ):
+        """One row a program: every row (``FIRST``), or those a first launch marked."""
+        row = tl.program_id(0).to(tl.int64)
+        length = tl.load(lengths_ptr + row)
+        if FIRST:
+            _select_row(row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, todo_ptr, stats_ptr,
+                        stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW, DIRECT, CH, BLOCK, RADIX_BITS, R,
+                        FIRST, STATS)
+        elif tl.load(todo_ptr + row) != 0:
+            _select_row(row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, todo_ptr, stats_ptr,
+                        stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW, DIRECT, CH, BLOCK, RADIX_BITS, R,
+                        FIRST, STATS)
+
 #: Launch config per GPU architecture (``sm90``, ``gfx942``...); architectures not listed
 #: take :data:`DEFAULT_CONFIG`. Unlike the logits kernel's configs these may differ by chunk:
 #: the selected set does not depend on them.
-DEFAULT_CONFIG = dict(num_warps=4, filter_block=512, programs_per_sm=8, select_warps=4, block=512)
+DEFAULT_CONFIG = dict(num_warps=4, filter_block=512, programs_per_sm=8, select_warps=4, block=512, fused=False)
 TOPK_CONFIGS: dict[str, dict] = {
     # H200, M=8192 late chunk, N=64K-256K, topk=2048 (docs/benchmarks.md)
     "sm90": dict(num_warps=8, filter_block=1024, programs_per_sm=8, select_warps=4),
@@ -478,6 +519,7 @@ def ragged_topk(
     select_warps: int | None = None,
     tile: int | None = None,
     ballot: bool | None = None,
+    fused: bool | None = None,
     radix_bits: int = RADIX_BITS,
     pieces: int | None = None,
     piece: int = PIECE,
@@ -508,6 +550,8 @@ def ragged_topk(
             ``num_warps`` to ``cap``; default ``2 * topk`` rounded up to a power of two);
             rows up to this long are selected on the row itself.
         ballot: Place candidates with the PTX ballot (default: where it can run).
+        fused: Select each row in the filter kernel right after filtering it (with
+            ``num_warps`` warps), instead of in a select launch of its own.
         radix_bits: Bits of the key resolved per pass of the plain road (1, 2, 4 or 8).
         pieces, piece, sparse, sigmas: The sample: ``pieces`` runs (a power of two) of at
             most ``piece`` keys (a power of two), one key in ``sparse`` sampled; its
@@ -533,6 +577,7 @@ def ragged_topk(
     num_warps = cfg["num_warps"] if num_warps is None else num_warps
     programs_per_sm = cfg["programs_per_sm"] if programs_per_sm is None else programs_per_sm
     select_warps = cfg["select_warps"] if select_warps is None else select_warps
+    fused = cfg["fused"] if fused is None else fused
     cap = default_cap(topk) if cap is None else cap
     tile = min(_next_pow2(2 * topk), cap) if tile is None else tile
     pieces = PIECES if pieces is None else pieces
@@ -567,20 +612,25 @@ def ragged_topk(
     todo = torch.empty(rows, dtype=torch.int32, device=device)
     wcap = cap // num_warps
     stats_arg = stats if stats is not None else lens
+    cand32 = cand.view(torch.int32)
+    common = dict(K=topk, KP=_next_pow2(topk), W=num_warps, WCAP=wcap, DIRECT=tile, BLOCK=block,
+                  RADIX_BITS=radix_bits, R=1 << radix_bits, STATS=stats is not None)
     with device_guard(logits):
         _filter_kernel[(_programs(device, rows, programs_per_sm),)](
-            logits, starts, lens, cand, counts, thr, rows, logits.stride(0), sample_min,
-            K=topk, W=num_warps, BW=filter_block // num_warps, WCAP=wcap, NP=pieces, PIECE=piece, SPARSE=sparse,
-            SIGMAS=float(sigmas), LOW_BIT=_SAMPLE_LOW_BIT, DIRECT=tile, BALLOT=bool(ballot), num_warps=num_warps,
+            logits, starts, lens, cand, cand32, counts, thr, out, todo, stats_arg,
+            rows, logits.stride(0), out.stride(0), sample_min,
+            BW=filter_block // num_warps, NP=pieces, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
+            LOW_BIT=_SAMPLE_LOW_BIT, BALLOT=bool(ballot), FUSED=bool(fused), STW=tile // num_warps,
+            CH=min(1024, tile), num_warps=num_warps, **common,
         )
-        # first launch: tiles of `tile` slots; rows whose lists do not fit: one of `cap`
+        # first select launch (unless fused into the filter): tiles of `tile` slots; then the
+        # rows whose lists did not fit, with tiles of `cap`
         for first, slots in ((True, tile), (False, cap)):
-            if not first and slots == tile:
-                break
+            if (first and fused) or (not first and slots == tile):
+                continue
             _select_kernel[(rows,)](
-                logits, starts, lens, out, cand.view(torch.int32), counts, thr, todo, stats_arg,
+                logits, starts, lens, out, cand32, counts, thr, todo, stats_arg,
                 logits.stride(0), out.stride(0), sample_min,
-                K=topk, KP=_next_pow2(topk), W=num_warps, WCAP=wcap, STW=slots // num_warps, DIRECT=tile,
-                CH=min(1024, slots), BLOCK=block, RADIX_BITS=radix_bits, R=1 << radix_bits, FIRST=first,
-                STATS=stats is not None, num_warps=select_warps if first else max(select_warps, min(16, slots // 1024)),
+                STW=slots // num_warps, CH=min(1024, slots), FIRST=first,
+                num_warps=select_warps if first else max(select_warps, min(16, slots // 1024)), **common,
             )
