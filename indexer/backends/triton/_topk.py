@@ -455,9 +455,6 @@ TOPK_CONFIGS: dict[str, dict] = {
     # H200, M=8192 late chunk, N=64K-256K, topk=2048 (docs/benchmarks.md)
     "sm90": dict(num_warps=8, filter_block=1024, programs_per_sm=8, select_warps=4),
 }
-#: Bits of the sample threshold's key left 0 (a slightly lower, safe threshold; 8 fewer
-#: counting steps).
-_SAMPLE_LOW_BIT = 8
 
 
 @functools.lru_cache(maxsize=None)
@@ -527,6 +524,7 @@ def ragged_topk(
     sigmas: float = SIGMAS,
     cap: int | None = None,
     sample_min: int = 0,
+    sample_low_bit: int = 8,
     stats: torch.Tensor | None = None,
 ) -> None:
     """Per-row top-k of a logits block, reading each row's window only.
@@ -559,6 +557,8 @@ def ragged_topk(
         cap: Candidate slots a row (default ``max(CAP, 4 * topk)``, a power of two, at
             least ``topk``); ``8 * cap`` bytes a row of scratch.
         sample_min: Rows longer than ``tile`` but shorter than this take the plain road.
+        sample_low_bit: Bits of the sample threshold's key left 0 (0-24): fewer counting
+            steps for a slightly lower, still safe, threshold.
         stats: Optional int32 ``[4]`` on the logits' device; the kernel adds each row to
             one counter (``STAT_SHORT``, ``STAT_SAMPLED``, ``STAT_PLAIN``, ``STAT_DIRECT``).
 
@@ -591,6 +591,8 @@ def ragged_topk(
     for name, value in (("sparse", sparse), ("programs_per_sm", programs_per_sm)):
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
+    if not 0 <= sample_low_bit <= 24:
+        raise ValueError(f"sample_low_bit must be in [0, 24], got {sample_low_bit}")
     if not sigmas > 0:
         raise ValueError(f"sigmas must be positive, got {sigmas}")
     if cap < topk:
@@ -620,7 +622,7 @@ def ragged_topk(
             logits, starts, lens, cand, cand32, counts, thr, out, todo, stats_arg,
             rows, logits.stride(0), out.stride(0), sample_min,
             BW=filter_block // num_warps, NP=pieces, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
-            LOW_BIT=_SAMPLE_LOW_BIT, BALLOT=bool(ballot), FUSED=bool(fused), STW=tile // num_warps,
+            LOW_BIT=sample_low_bit, BALLOT=bool(ballot), FUSED=bool(fused), STW=tile // num_warps,
             CH=min(1024, tile), num_warps=num_warps, **common,
         )
         # first select launch (unless fused into the filter): tiles of `tile` slots; then the
