@@ -157,7 +157,8 @@ def test_nans_rank_above_everything_like_torch_topk():
                                       (dict(sparse=0), "sparse"), (dict(piece=0), "piece"), (dict(cap=3000), "cap"),
                                       (dict(tile=48), "tile"), (dict(tile=8192, cap=4096), "tile"),
                                       (dict(select_warps=3), "select_warps"), (dict(pieces=6), "pieces"),
-                                      (dict(sigmas=0), "sigmas"), (dict(ballot=True, filter_block=64), "ballot")])
+                                      (dict(sigmas=0), "sigmas"), (dict(ballot=True, filter_block=64), "ballot"),
+                                      (dict(sample_low_bit=25), "sample_low_bit")])
 def test_bad_launch_options_are_refused(kw, match):
     logits = torch.zeros(1, 10, device=DEVICE)
     with pytest.raises(ValueError, match=match):

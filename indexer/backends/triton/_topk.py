@@ -22,7 +22,8 @@ x) >= k``), each step one compare per key and one block reduction, in the bits w
 threshold and the largest candidate differ. Ties at the k-th key go to the lowest columns
 (a second search on the columns of the tied keys), the rule of the torch path, so both
 select the same set. A row whose per-warp lists overflow the first tile goes to a second
-launch with a tile as large as the lists.
+launch with a tile as large as the lists. (``fused=True`` runs the first select inside the
+filter kernel instead; on an H200 that measured slower: it needs twice the registers.)
 
 Rows the sampled road cannot serve (still too few candidates, or more than a list holds:
 a huge tie at ``t``) take the plain road: a radix select over the whole row, ``radix_bits``
@@ -57,7 +58,6 @@ RADIX_BITS = 4
 #: selected from sampled candidates, rows that took the plain radix select, rows selected
 #: on the row itself (longer than k, within the select tile).
 STAT_SHORT, STAT_SAMPLED, STAT_PLAIN, STAT_DIRECT = 0, 1, 2, 3
-_MIN = -2147483648  # below every key: empty tile slots
 
 if triton is not None:
 
@@ -159,13 +159,11 @@ if triton is not None:
 
 
     @triton.jit
-    def _kth_largest(ptr, n, limit, need, BLOCK: tl.constexpr, PIECE: tl.constexpr, stride,
-                     RADIX_BITS: tl.constexpr, R: tl.constexpr):
-        """Key (:func:`_skey`) of the ``need``-th largest of the values at ``ptr + col(i)``,
-        ``i < n`` and ``col(i) < limit``, where ``col(i) = (i // PIECE) * stride + i % PIECE``
-        (contiguous when ``stride == PIECE``); and how many keys equal to it are among the
-        ``need``. Radix select, ``RADIX_BITS`` a pass, most significant digit first, on the
-        key's unsigned form (sign bit flipped); ``R = 2 ** RADIX_BITS`` bins."""
+    def _kth_largest(ptr, n, need, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr, R: tl.constexpr):
+        """The plain road's select: key (:func:`_skey`) of the ``need``-th largest of
+        ``ptr[0:n]``, and how many keys equal to it are among the ``need``. Radix select,
+        ``RADIX_BITS`` a pass, most significant digit first, on the key's unsigned form (sign
+        bit flipped); ``R = 2 ** RADIX_BITS`` bins."""
         bins = tl.arange(0, 2 * R)
         prefix = tl.full((), 0, tl.int32)
         prefix_mask = tl.full((), 0, tl.int32)
@@ -175,9 +173,8 @@ if triton is not None:
             hist = tl.zeros((2 * R,), dtype=tl.int32)
             for c0 in range(0, n, BLOCK):
                 i = c0 + tl.arange(0, BLOCK)
-                col = (i // PIECE) * stride + i % PIECE
-                m = (i < n) & (col < limit)
-                u = _skey(tl.load(ptr + col, mask=m, other=0.0)) ^ -2147483648
+                m = i < n
+                u = _skey(tl.load(ptr + i, mask=m, other=0.0)) ^ -2147483648
                 match = m & ((u & prefix_mask) == prefix)
                 # bins R..2R-1 collect what does not match (cheaper than the histogram's mask)
                 hist += tl.histogram(tl.where(match, (u >> shift) & digit_mask, R), 2 * R)
@@ -192,23 +189,19 @@ if triton is not None:
         return prefix ^ -2147483648, need
 
     @triton.jit
-    def _emit(vals_ptr, cols_ptr, n, kth, need, obase, BLOCK: tl.constexpr, HAS_COLS: tl.constexpr):
-        """Write the columns of every key above ``kth`` and of the first ``need`` keys equal
-        to it (in storage order, which is column order) to ``obase[0:k]``."""
+    def _emit(ptr, n, kth, need, obase, BLOCK: tl.constexpr):
+        """The plain road's write: the columns of every key of ``ptr[0:n]`` above ``kth``
+        and of the first ``need`` keys equal to it (lowest columns) to ``obase[0:k]``."""
         taken = tl.full((), 0, tl.int32)
         eq_seen = tl.full((), 0, tl.int32)
         for c0 in range(0, n, BLOCK):
             i = c0 + tl.arange(0, BLOCK)
             m = i < n
-            key = _skey(tl.load(vals_ptr + i, mask=m, other=0.0))
+            key = _skey(tl.load(ptr + i, mask=m, other=0.0))
             eq = (m & (key == kth)).to(tl.int32)
             sel = (m & (key > kth)) | ((eq_seen + tl.cumsum(eq, axis=0) <= need) & (eq > 0))
             pos = taken + tl.cumsum(sel.to(tl.int32), axis=0) - 1
-            if HAS_COLS:
-                col = tl.load(cols_ptr + i, mask=sel, other=0)
-            else:
-                col = i
-            tl.store(obase + pos, col, mask=sel)
+            tl.store(obase + pos, i, mask=sel)
             taken += tl.sum(sel.to(tl.int32), axis=0)
             eq_seen += tl.sum(eq, axis=0)
 
@@ -411,8 +404,8 @@ if triton is not None:
                 if STATS:
                     tl.atomic_add(stats_ptr + tl.where(direct, 3, 1), 1)
             elif road == 1:
-                kth, need = _kth_largest(base, length, length, K, BLOCK, BLOCK, BLOCK, RADIX_BITS, R)
-                _emit(base, base, length, kth, need, obase, BLOCK, False)
+                kth, need = _kth_largest(base, length, K, BLOCK, RADIX_BITS, R)
+                _emit(base, length, kth, need, obase, BLOCK)
                 if STATS:
                     tl.atomic_add(stats_ptr + 2, 1)
 
