@@ -248,3 +248,48 @@ def test_fused_select_selects_the_same_sets(kw):
     stats = _check(logits, masked, starts, lengths, 24, cap=1024, fused=True, **dict(SMALL_ROAD, **kw))
     road = T.STAT_PLAIN if "sample_min" in kw else T.STAT_DIRECT if kw.get("tile") == 1024 else T.STAT_SAMPLED
     assert stats[road] >= 7, stats
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_nans_in_the_sample_do_not_open_the_filter_to_every_key(fused):
+    # a run of NaNs where the sample reads (the row's first columns), fewer than k: the
+    # sample's threshold is a NaN key; as a float it compared true for every key, the
+    # lists looked full and the select wrote the NaNs alone (review finding)
+    g = torch.Generator().manual_seed(0)
+    vals = torch.randn(2, 4096, generator=g)
+    vals[0, :5] = float("nan")
+    vals[1, 1000:1003] = float("nan")
+    starts = torch.zeros(2, dtype=torch.int64)
+    lengths = torch.full((2,), 4096, dtype=torch.int64)
+    stats = _check(vals.to(DEVICE), vals, starts, lengths, 16, fused=fused)
+    assert stats[T.STAT_SAMPLED] == 2, stats
+
+
+@pytest.mark.parametrize("topk", [1, 2, 3])
+def test_small_topk_runs_with_the_default_launch_options(topk):
+    logits, masked, starts, lengths = _case(6, 300, topk, seed=topk, pad=1)
+    _check(logits, masked, starts, lengths, topk)
+
+
+@pytest.mark.parametrize("case,match", [("topk", "topk"), ("out_shape", "out"), ("out_dtype", "out"),
+                                        ("logits_dtype", "logits"), ("lengths", "lengths"), ("stats", "stats")])
+def test_bad_arguments_are_refused_before_any_kernel(case, match):
+    logits = torch.randn(3, 40, device=DEVICE)
+    starts, lengths = torch.zeros(3, dtype=torch.int64), torch.full((3,), 40, dtype=torch.int64)
+    out = torch.full((3, 8), 7, dtype=torch.int32, device=DEVICE)
+    kw = dict(logits=logits, starts_rel=starts, lengths=lengths, topk=8, out=out)
+    if case == "topk":
+        kw.update(topk=0, out=out[:, :0])
+    elif case == "out_shape":
+        kw.update(out=torch.full((3, 4), 7, dtype=torch.int32, device=DEVICE))
+    elif case == "out_dtype":
+        kw.update(out=torch.full((3, 8), 7, dtype=torch.int64, device=DEVICE))
+    elif case == "logits_dtype":
+        kw.update(logits=logits.double())
+    elif case == "lengths":
+        kw.update(lengths=lengths[:2])
+    else:
+        kw.update(stats=torch.zeros(3, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match=match):
+        T.ragged_topk(**kw)
+    assert (kw["out"] == 7).all()  # left untouched

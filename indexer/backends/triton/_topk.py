@@ -303,16 +303,20 @@ if triton is not None:
                 mu = K * s.to(tl.float32) / length.to(tl.float32)
                 r = tl.minimum((mu + SIGMAS * tl.sqrt(mu) + 1.0).to(tl.int32), s)
                 skeys = tl.where(smask, _skey(tl.load(base + pp * spread + pj, mask=smask, other=0.0)), -2147483648)
-                t = _search(skeys, r, -2147483648, 2147483647, LOW_BIT)
+                # a threshold among the NaNs' keys would compare as NaN in the pass and let
+                # every key through; +inf's key admits the same keys a NaN threshold means
+                t = tl.minimum(_search(skeys, r, -2147483648, 2147483647, LOW_BIT), 0x7F800000)
                 total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT)
                 if total < K:
                     # too few keys passed: once more, twice as deep into the sample (read
                     # again, so that it is not held in registers through the pass)
                     skeys = tl.where(smask, _skey(tl.load(base + pp * spread + pj, mask=smask, other=0.0)), -2147483648)
-                    t = _search(skeys, tl.minimum(2 * r, s), -2147483648, 2147483647, LOW_BIT)
+                    t = tl.minimum(_search(skeys, tl.minimum(2 * r, s), -2147483648, 2147483647, LOW_BIT), 0x7F800000)
                     total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT)
                 tl.store(thr_ptr + row, t)
             if FUSED:
+                # one thread stored the threshold; every thread of the select reads it
+                tl.debug_barrier()
                 _select_row(row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, todo_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW,
                             DIRECT, CH, BLOCK, RADIX_BITS, R, True, STATS)
                 # the next row's candidates and counts are other slots, but the tile's
@@ -560,9 +564,22 @@ def ragged_topk(
     """
     if triton is None:
         raise RuntimeError("triton is not importable")
+    if logits.dim() != 2 or logits.dtype != torch.float32:
+        raise ValueError(f"logits must be a 2-D float32 tensor, got {tuple(logits.shape)} {logits.dtype}")
     rows, n = logits.shape
+    if topk < 1:
+        raise ValueError(f"topk must be at least 1, got {topk}")
+    if tuple(out.shape) != (rows, topk) or out.dtype != torch.int32 or out.device != logits.device:
+        raise ValueError(f"out must be int32 [{rows}, {topk}] on {logits.device}, got {out.dtype} "
+                         f"{list(out.shape)} on {out.device}")
+    if starts_rel.numel() != rows or lengths.numel() != rows:
+        raise ValueError(f"starts_rel and lengths need {rows} entries (one a row), got {starts_rel.numel()} "
+                         f"and {lengths.numel()}")
     if logits.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError("logits and out need column stride 1")
+    if stats is not None and (stats.numel() < 4 or stats.dtype != torch.int32 or stats.device != logits.device):
+        raise ValueError(f"stats must be int32 with 4 entries on {logits.device}, got {stats.dtype} "
+                         f"{list(stats.shape)} on {stats.device}")
     device = logits.device
     cfg = launch_config(device)
     block = cfg["block"] if block is None else block
@@ -572,7 +589,7 @@ def ragged_topk(
     select_warps = cfg["select_warps"] if select_warps is None else select_warps
     fused = cfg["fused"] if fused is None else fused
     cap = default_cap(topk) if cap is None else cap
-    tile = min(_next_pow2(2 * topk), cap) if tile is None else tile
+    tile = min(max(_next_pow2(2 * topk), num_warps), cap) if tile is None else tile
     pieces = PIECES if pieces is None else pieces
     if radix_bits not in (1, 2, 4, 8):
         raise ValueError(f"radix_bits must be 1, 2, 4 or 8, got {radix_bits}")
@@ -590,6 +607,14 @@ def ragged_topk(
         raise ValueError(f"sigmas must be positive, got {sigmas}")
     if cap < topk:
         raise ValueError(f"cap={cap} must be at least topk={topk}")
+    # Triton tiles hold at most 2**20 elements (the second select launch's is `cap`)
+    for name, value in (("cap", cap), ("pieces * piece", pieces * piece), ("filter_block", filter_block),
+                        ("block", block)):
+        if value > 1 << 20:
+            raise ValueError(f"{name} must be at most 2**20, got {value} (topk={topk})")
+    # column offsets are int32: a row and the steps read past its end must stay below 2**31
+    if n + 2 * max(filter_block, block, tile) >= 1 << 31:
+        raise ValueError(f"logits rows of {n} keys are too long for int32 column offsets")
     if not (num_warps <= min(filter_block, tile) and tile <= cap):
         raise ValueError(f"need num_warps <= filter_block, num_warps <= tile <= cap; got num_warps={num_warps}, "
                          f"filter_block={filter_block}, tile={tile}, cap={cap}")
