@@ -157,6 +157,24 @@ if triton is not None:
                     a = cand
         return a ^ -2147483648
 
+    @triton.jit
+    def _sample_threshold(base, sidx, smask, rank, LOW_BIT: tl.constexpr):
+        """Key the ``rank``-th largest sampled key reaches (a lower bound, see
+        :func:`_search`), at most +inf's: a threshold among the NaNs' keys would compare as
+        NaN in the filtering pass and let every key through, while +inf's key admits the
+        same keys a NaN threshold means."""
+        skeys = tl.where(smask, _skey(tl.load(base + sidx, mask=smask, other=0.0)), -2147483648)
+        return tl.minimum(_search(skeys, rank, -2147483648, 2147483647, LOW_BIT), 0x7F800000)
+
+    @triton.jit
+    def _pack(col, v):
+        # a candidate as one int64: the value's bits in the low word, its column in the high
+        return (col.to(tl.int64) << 32) | (v.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+
+    @triton.jit
+    def _slot(cand32_ptr, row, i, CAP: tl.constexpr, WCAP: tl.constexpr, STW: tl.constexpr):
+        # int32 address of the low word of tile slot i: list i // STW, entry i % STW
+        return cand32_ptr + 2 * (row * CAP + (i // STW) * WCAP + i % STW)
 
     @triton.jit
     def _kth_largest(ptr, n, need, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr, R: tl.constexpr):
@@ -228,8 +246,7 @@ if triton is not None:
                 sel = (~(v < tf)) & (c < length)
                 rank, tot = _warp_ranks(sel.to(tl.int32))
                 pos = run + rank
-                packed = (c.to(tl.int64) << 32) | (v.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
-                tl.store(cand + wid * WCAP + pos, packed, mask=sel & (pos < WCAP))
+                tl.store(cand + wid * WCAP + pos, _pack(c, v), mask=sel & (pos < WCAP))
                 run += tot
             tl.store(cnt_row + wid, run)  # all of a warp's elements agree
         else:
@@ -243,8 +260,7 @@ if triton is not None:
                 sel = (~(v < tf)) & (c < length)
                 s32 = sel.to(tl.int32)
                 pos = cnt[:, None] + tl.cumsum(s32, axis=1) - 1
-                packed = (c.to(tl.int64) << 32) | (v.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
-                tl.store(cand + wr[:, None] * WCAP + pos, packed, mask=sel & (pos < WCAP))
+                tl.store(cand + wr[:, None] * WCAP + pos, _pack(c, v), mask=sel & (pos < WCAP))
                 cnt += tl.sum(s32, axis=1)
             tl.store(cnt_row + wr, cnt)
         # the counts were written by other threads of this program
@@ -297,28 +313,26 @@ if triton is not None:
                 spread = length // NP
                 plen = tl.minimum(tl.maximum(spread // SPARSE, 1), PIECE)
                 smask = pj < plen
+                sidx = pp * spread + pj
                 s = NP * plen
                 # the sample holds mu of the row's top k on average; its r-th largest key is
                 # reached by k keys of the row unless the sample is off by SIGMAS deviations
                 mu = K * s.to(tl.float32) / length.to(tl.float32)
                 r = tl.minimum((mu + SIGMAS * tl.sqrt(mu) + 1.0).to(tl.int32), s)
-                skeys = tl.where(smask, _skey(tl.load(base + pp * spread + pj, mask=smask, other=0.0)), -2147483648)
-                # a threshold among the NaNs' keys would compare as NaN in the pass and let
-                # every key through; +inf's key admits the same keys a NaN threshold means
-                t = tl.minimum(_search(skeys, r, -2147483648, 2147483647, LOW_BIT), 0x7F800000)
+                t = _sample_threshold(base, sidx, smask, r, LOW_BIT)
                 total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT)
                 if total < K:
                     # too few keys passed: once more, twice as deep into the sample (read
                     # again, so that it is not held in registers through the pass)
-                    skeys = tl.where(smask, _skey(tl.load(base + pp * spread + pj, mask=smask, other=0.0)), -2147483648)
-                    t = tl.minimum(_search(skeys, tl.minimum(2 * r, s), -2147483648, 2147483647, LOW_BIT), 0x7F800000)
+                    t = _sample_threshold(base, sidx, smask, tl.minimum(2 * r, s), LOW_BIT)
                     total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT)
                 tl.store(thr_ptr + row, t)
             if FUSED:
                 # one thread stored the threshold; every thread of the select reads it
                 tl.debug_barrier()
-                _select_row(row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, todo_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW,
-                            DIRECT, CH, BLOCK, RADIX_BITS, R, True, STATS)
+                _select_row(row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, todo_ptr,
+                            stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW, DIRECT, CH, BLOCK,
+                            RADIX_BITS, R, True, STATS)
                 # the next row's candidates and counts are other slots, but the tile's
                 # scratch for reductions is shared: keep the rows apart
                 tl.debug_barrier()
@@ -369,7 +383,7 @@ if triton is not None:
                 road = ((length < sample_min) | (tl.sum(cnt, axis=0) < K) | (longest > WCAP)).to(tl.int32)
                 road = tl.where((road == 0) & (longest > STW), 2, road)
                 valid = idx % STW < tl.where(road == 0, tl.load(cnt_ptr + row * W + idx // STW), 0)
-                v = tl.load(cand32_ptr + 2 * (row * CAP + (idx // STW) * WCAP + idx % STW), mask=valid, other=0)
+                v = tl.load(_slot(cand32_ptr, row, idx, CAP, WCAP, STW), mask=valid, other=0)
                 keys = tl.where(valid, _skey(v.to(tl.float32, bitcast=True)), -2147483648)
                 lo = tl.load(thr_ptr + row)
             if FIRST:
@@ -386,7 +400,7 @@ if triton is not None:
                     if direct:
                         col = idx
                     else:
-                        col = tl.load(cand32_ptr + 2 * (row * CAP + (idx // STW) * WCAP + idx % STW) + 1, mask=eq, other=0)
+                        col = tl.load(_slot(cand32_ptr, row, idx, CAP, WCAP, STW) + 1, mask=eq, other=0)
                     colth = -_search(tl.where(eq, -col - 1, -2147483648), need, -length, -1, 0) - 1
                 # the write re-reads the candidates a chunk at a time, so that the key tile is
                 # the only large value held in registers (more rows in flight per SM)
@@ -399,7 +413,7 @@ if triton is not None:
                         ci = i
                     else:
                         m = i % STW < tl.load(cnt_ptr + row * W + i // STW)
-                        slot = cand32_ptr + 2 * (row * CAP + (i // STW) * WCAP + i % STW)
+                        slot = _slot(cand32_ptr, row, i, CAP, WCAP, STW)
                         key = _skey(tl.load(slot, mask=m, other=0).to(tl.float32, bitcast=True))
                         ci = tl.load(slot + 1, mask=m, other=0)
                     sel = m & ((key > kth) | ((key == kth) & (ci <= colth)))
@@ -412,8 +426,6 @@ if triton is not None:
                 _emit(base, length, kth, need, obase, BLOCK)
                 if STATS:
                     tl.atomic_add(stats_ptr + 2, 1)
-
-
 
     @triton.jit
     def _select_kernel(
@@ -436,13 +448,14 @@ if triton is not None:
         row = tl.program_id(0).to(tl.int64)
         length = tl.load(lengths_ptr + row)
         if FIRST:
+            go = tl.full((), 1, tl.int32)
+        else:
+            go = tl.load(todo_ptr + row)
+        if go != 0:
             _select_row(row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, todo_ptr, stats_ptr,
                         stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW, DIRECT, CH, BLOCK, RADIX_BITS, R,
                         FIRST, STATS)
-        elif tl.load(todo_ptr + row) != 0:
-            _select_row(row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, todo_ptr, stats_ptr,
-                        stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW, DIRECT, CH, BLOCK, RADIX_BITS, R,
-                        FIRST, STATS)
+
 
 #: Launch config per GPU architecture (``sm90``, ``gfx942``...); architectures not listed
 #: take :data:`DEFAULT_CONFIG`. Unlike the logits kernel's configs these may differ by chunk:
