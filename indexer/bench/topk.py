@@ -196,7 +196,7 @@ def _tune(args: argparse.Namespace, device: torch.device) -> dict:
     print(table(rows, [("num_warps", "filter warps", "d"), ("filter_block", "filter_block", "d"),
                        ("programs_per_sm", "programs/SM", "d"), ("fused", "fused", "d"),
                        ("select_warps", "select warps", "d"), ("ms", "ms", ".3f")]))
-    best = {key: rows[0][key] for key in ("filter_block", "num_warps", "programs_per_sm", "select_warps", "fused")}
+    best = {key: value for key, value in rows[0].items() if key != "ms"}  # the grid's config
     T.TOPK_CONFIGS[T._arch(device)] = best
     print(f"best: TOPK_CONFIGS[{T._arch(device)!r}] = {best} (used for the rest of this run)")
     return best
