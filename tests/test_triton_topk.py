@@ -97,10 +97,17 @@ def test_special_values_order_like_floats(road):
     assert stats[counter] == 4, stats
 
 
+def _one_row_args(topk):
+    # starts, lengths, topk, out for a one-row, 10-key block, all on the test's device (a
+    # bad option must be what is refused, not a stray CPU tensor)
+    return (torch.zeros(1, device=DEVICE), torch.full((1,), 10, device=DEVICE), topk,
+            torch.empty(1, topk, dtype=torch.int32, device=DEVICE))
+
+
 def test_bad_radix_bits_is_refused():
     logits = torch.zeros(1, 10, device=DEVICE)
     with pytest.raises(ValueError, match="radix_bits"):
-        T.ragged_topk(logits, torch.zeros(1), torch.full((1,), 10), 8, torch.empty(1, 8, dtype=torch.int32), radix_bits=3)
+        T.ragged_topk(logits, *_one_row_args(8), radix_bits=3)
 
 
 @pytest.mark.parametrize("topk,road", [(16, T.STAT_SAMPLED), (100, T.STAT_PLAIN)])
@@ -162,7 +169,7 @@ def test_nans_rank_above_everything_like_torch_topk():
 def test_bad_launch_options_are_refused(kw, match):
     logits = torch.zeros(1, 10, device=DEVICE)
     with pytest.raises(ValueError, match=match):
-        T.ragged_topk(logits, torch.zeros(1), torch.full((1,), 10), 8, torch.empty(1, 8, dtype=torch.int32), **kw)
+        T.ragged_topk(logits, *_one_row_args(8), **kw)
 
 
 def test_candidate_overflow_falls_back_to_the_plain_select():
@@ -207,7 +214,7 @@ def test_nan_and_infinity_ties_at_the_kth_key_go_to_the_lowest_columns():
 def test_cap_below_topk_is_refused():
     logits = torch.zeros(1, 10, device=DEVICE)
     with pytest.raises(ValueError, match="cap"):
-        T.ragged_topk(logits, torch.zeros(1), torch.full((1,), 10), 8, torch.empty(1, 8, dtype=torch.int32), cap=4)
+        T.ragged_topk(logits, *_one_row_args(8), cap=4)
 
 
 def test_topk_choice_default_falls_back_explicit_raises(monkeypatch):
