@@ -165,7 +165,8 @@ def test_nans_rank_above_everything_like_torch_topk():
                                       (dict(tile=48), "tile"), (dict(tile=8192, cap=4096), "tile"),
                                       (dict(select_warps=3), "select_warps"), (dict(pieces=6), "pieces"),
                                       (dict(sigmas=0), "sigmas"), (dict(ballot=True, filter_block=64), "ballot"),
-                                      (dict(sample_low_bit=25), "sample_low_bit")])
+                                      (dict(sample_low_bit=25), "sample_low_bit"),
+                                      (dict(prefetch=4), "prefetch")])
 def test_bad_launch_options_are_refused(kw, match):
     logits = torch.zeros(1, 10, device=DEVICE)
     with pytest.raises(ValueError, match=match):
@@ -188,6 +189,44 @@ def test_sampled_road_with_odd_blocks():
     logits, masked, starts, lengths = _case(6, 700, 20, seed=9, pad=5, min_length=300)
     stats = _check(logits, masked, starts, lengths, 20, cap=128, block=128, filter_block=64, **SMALL_ROAD)
     assert stats[T.STAT_SAMPLED] >= 3, stats
+
+
+def test_second_launch_serves_marked_rows_across_its_programs():
+    # 150 rows: the second launch's programs each look after 64 of them (the last one 22).
+    # A first tile of 16 slots (4 a list) cannot hold any sampled row's >= 24 candidates, so
+    # every such row is marked; every 7th row is at most k long and never marked
+    logits, masked, starts, lengths = _case(150, 900, 24, seed=31, pad=2, min_length=30)
+    lengths[5::7] = torch.minimum(lengths[5::7], torch.tensor(20))
+    masked = torch.where(torch.arange(900)[None] < (starts + lengths)[:, None], masked, float("-inf"))
+    stats = _check(logits, masked, starts, lengths, 24, cap=512, tile=16, num_warps=4, **SMALL_ROAD)
+    assert stats[T.STAT_SAMPLED] >= 100 and stats[T.STAT_SHORT] >= 21 and stats[T.STAT_PLAIN] == 0, stats
+    assert 150 > 2 * T.SECOND_ROWS
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="register caps are an NVIDIA launch option")
+def test_register_caps_select_the_same_sets():
+    logits, masked, starts, lengths = _case(12, 900, 24, seed=33, quantize=4.0, pad=3, min_length=300)
+    stats = _check(logits, masked, starts, lengths, 24, cap=256, filter_maxnreg=32, select_maxnreg=64, **SMALL_ROAD)
+    assert stats[T.STAT_SAMPLED] >= 8, stats
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="on NVIDIA GPUs the register caps are accepted")
+@pytest.mark.parametrize("name", ["filter_maxnreg", "select_maxnreg"])
+def test_register_caps_are_refused_off_nvidia(name):
+    logits = torch.zeros(1, 10, device=DEVICE)
+    with pytest.raises(ValueError, match=name):
+        T.ragged_topk(logits, *_one_row_args(8), **{name: 64})
+
+
+@pytest.mark.parametrize("prefetch,filter_block", [(2, 64), (3, 64), (2, None), (3, None)])
+def test_deeper_prefetch_selects_the_torch_set(prefetch, filter_block):
+    # rows of 100-700 keys: the blocks in flight run past the row's end on every row, and
+    # some rows are shorter than the prefetch window itself (default filter_block: the
+    # ballot path on NVIDIA GPUs)
+    logits, masked, starts, lengths = _case(8, 700, 20, seed=21, pad=5, min_length=100)
+    stats = _check(logits, masked, starts, lengths, 20, cap=128, filter_block=filter_block, prefetch=prefetch,
+                   **SMALL_ROAD)
+    assert stats[T.STAT_SAMPLED] >= 4, stats
 
 
 def test_lists_longer_than_the_tile_take_the_second_launch():
@@ -255,6 +294,22 @@ def test_fused_select_selects_the_same_sets(kw):
     stats = _check(logits, masked, starts, lengths, 24, cap=1024, fused=True, **dict(SMALL_ROAD, **kw))
     road = T.STAT_PLAIN if "sample_min" in kw else T.STAT_DIRECT if kw.get("tile") == 1024 else T.STAT_SAMPLED
     assert stats[road] >= 7, stats
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(tile=16), dict(tile=1024), dict(fused=True), dict(quantize=None)])
+def test_tile_write_selects_the_same_sets(kw):
+    # the write from the key tile in registers: ties at the k-th key (quantized values) on
+    # the sampled road, the second launch (tile=16), the direct road, fused, distinct values
+    kw = dict(kw)
+    quantize = kw.pop("quantize", 4.0)
+    logits, masked, starts, lengths = _case(10, 900, 24, seed=23, quantize=quantize, pad=3, min_length=100)
+    stats = _check(logits, masked, starts, lengths, 24, cap=1024, tile_write=True, **dict(SMALL_ROAD, **kw))
+    road = T.STAT_DIRECT if kw.get("tile") == 1024 else T.STAT_SAMPLED
+    assert stats[road] >= 7, stats
+    if quantize:  # the tie rule was needed: rows where the k-th value's ties do not all fit
+        top = masked.sort(1, descending=True).values
+        kth = top[:, 23:24]
+        assert int((((top > kth).sum(1) + (top == kth).sum(1) > 24) & (lengths > 24)).sum()) >= 5
 
 
 @pytest.mark.parametrize("fused", [False, True])

@@ -48,6 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune-per-sm", default="4,8")
     p.add_argument("--tune-select-warps", default="4,8")
     p.add_argument("--tune-fused", default="0,1", help="select in the filter kernel (1) or in its own launch (0)")
+    p.add_argument("--tune-prefetch", default="1,2", help="blocks each filter program has in flight")
+    p.add_argument("--tune-tile-write", default="0,1", help="select writes from its register tile (1) or re-reads (0)")
+    p.add_argument("--tune-filter-maxnreg", default="0", help="filter kernel register caps (0: none)")
+    p.add_argument("--tune-select-maxnreg", default="0", help="select kernel register caps (0: none)")
+    p.add_argument("--tune-context", type=int, default=None, help="N of the tuning run (default: the largest --context)")
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5) -> float:
@@ -176,27 +181,37 @@ def _late_chunk_logits(args: argparse.Namespace, device: torch.device, n: int):
 def _tune(args: argparse.Namespace, device: torch.device) -> dict:
     """Time the Triton top-k's launch configs side by side on the largest context; install
     the fastest in ``TOPK_CONFIGS`` for this process and return it."""
+    from ..backends.topk_torch import torch_topk
     from ..backends.triton import _topk as T
 
-    n = max(int_list(args.context))
+    n = args.tune_context or max(int_list(args.context))
     problem, _, logits = _late_chunk_logits(args, device, n)
+    m = logits.shape[0]
     starts = problem.row_starts.to(torch.int64)
     lengths = problem.row_ends.to(torch.int64) - starts
-    out = torch.empty(logits.shape[0], args.topk, dtype=torch.int32, device=device)
+    ref = torch.empty(m, args.topk, dtype=torch.int32, device=device)
+    torch_topk(problem, logits, (0, m), 0, ref)
+    out = torch.empty(m, args.topk, dtype=torch.int32, device=device)
     rows = []
-    grid = [dict(filter_block=128 * w, num_warps=w, programs_per_sm=p, select_warps=s, fused=bool(f))
+    grid = [dict(filter_block=128 * w, num_warps=w, programs_per_sm=p, select_warps=s, fused=bool(f), prefetch=d,
+                 tile_write=bool(tw), filter_maxnreg=fr or None, select_maxnreg=sr or None)
             for w in int_list(args.tune_warps) for p in int_list(args.tune_per_sm)
-            for f in int_list(args.tune_fused) for s in (int_list(args.tune_select_warps) if not f else [w])]
+            for f in int_list(args.tune_fused) for s in (int_list(args.tune_select_warps) if not f else [w])
+            for d in int_list(args.tune_prefetch) for tw in int_list(args.tune_tile_write)
+            for fr in int_list(args.tune_filter_maxnreg) for sr in int_list(args.tune_select_maxnreg)]
     for cfg in grid:
         ms = median_ms(lambda: T.ragged_topk(logits, starts, lengths, args.topk, out, **cfg), device,
                        warmup=1, repeats=args.repeats)
-        rows.append(dict(cfg, ms=ms))
-    rows.sort(key=lambda r: r["ms"])
-    print(f"Triton top-k launch configs, N={n} M={logits.shape[0]} topk={args.topk}, median of {args.repeats}")
+        rows.append(dict(cfg, ms=ms, same=_same(out, ref)))
+    # only a config that selected the torch path's sets can be the best
+    rows.sort(key=lambda r: (r["same"] < 1.0, r["ms"]))
+    print(f"Triton top-k launch configs, N={n} M={m} topk={args.topk}, median of {args.repeats}")
     print(table(rows, [("num_warps", "filter warps", "d"), ("filter_block", "filter_block", "d"),
-                       ("programs_per_sm", "programs/SM", "d"), ("fused", "fused", "d"),
-                       ("select_warps", "select warps", "d"), ("ms", "ms", ".3f")]))
-    best = {key: value for key, value in rows[0].items() if key != "ms"}  # the grid's config
+                       ("programs_per_sm", "programs/SM", "d"), ("prefetch", "prefetch", "d"),
+                       ("fused", "fused", "d"), ("select_warps", "select warps", "d"),
+                       ("tile_write", "tile write", "d"), ("filter_maxnreg", "filter regs", "d"),
+                       ("select_maxnreg", "select regs", "d"), ("ms", "ms", ".3f"), ("same", "same set", ".1%")]))
+    best = {key: value for key, value in rows[0].items() if key not in ("ms", "same")}  # the grid's config
     T.TOPK_CONFIGS[T._arch(device)] = best
     print(f"best: TOPK_CONFIGS[{T._arch(device)!r}] = {best} (used for the rest of this run)")
     return best

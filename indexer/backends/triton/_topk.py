@@ -58,6 +58,8 @@ RADIX_BITS = 4
 #: selected from sampled candidates, rows that took the plain radix select, rows selected
 #: on the row itself (longer than k, within the select tile).
 STAT_SHORT, STAT_SAMPLED, STAT_PLAIN, STAT_DIRECT = 0, 1, 2, 3
+#: Rows a program of the second select launch looks after (it serves the marked ones).
+SECOND_ROWS = 64
 
 if triton is not None:
 
@@ -224,25 +226,44 @@ if triton is not None:
             eq_seen += tl.sum(eq, axis=0)
 
     @triton.jit
+    def _shift_ahead(base, c, length, a1, a2, a3, STEP: tl.constexpr, DEPTH: tl.constexpr):
+        # the block at c (loaded DEPTH steps ago) and the blocks still in flight, the newest
+        # being the load of the block DEPTH steps past c
+        nxt = c + DEPTH * STEP
+        new = tl.load(base + nxt, mask=nxt < length, other=float("-inf"))
+        if DEPTH == 1:
+            return a1, new, a2, a3
+        elif DEPTH == 2:
+            return a1, a2, new, a3
+        else:
+            return a1, a2, a3, new
+
+    @triton.jit
     def _filter_pass(base, length, cand, cnt_row, t, W: tl.constexpr, BW: tl.constexpr, WCAP: tl.constexpr,
-                     BALLOT: tl.constexpr):
+                     BALLOT: tl.constexpr, DEPTH: tl.constexpr):
         """One pass over a row: every key ``>= t`` into its warp's list (``cand + w * WCAP``,
         value bits in the low word, column in the high one), the list lengths to
         ``cnt_row[0:W]`` (counting on past ``WCAP``: then the list overflowed); returns
-        their sum."""
+        their sum. ``DEPTH`` blocks of ``W * BW`` keys are in flight (1-3): each SM needs
+        enough bytes on their way to cover the memory latency."""
         STEP: tl.constexpr = W * BW
         tf = _key_float(t)
         wr = tl.arange(0, W)
         if BALLOT:
             off1 = tl.arange(0, STEP)
             ahead = tl.load(base + off1, mask=off1 < length, other=float("-inf"))
+            ahead2 = ahead  # placeholders where fewer blocks are in flight
+            ahead3 = ahead
+            if DEPTH >= 2:
+                ahead2 = tl.load(base + off1 + STEP, mask=off1 + STEP < length, other=float("-inf"))
+            if DEPTH >= 3:
+                ahead3 = tl.load(base + off1 + 2 * STEP, mask=off1 + 2 * STEP < length, other=float("-inf"))
             run = tl.zeros((STEP,), tl.int32)  # each element: its warp's list length
             wid = _warp_id(off1)
             for c0 in range(0, length, STEP):
                 c = c0 + off1
-                v = ahead
-                # the next block's load goes out before this block's stores
-                ahead = tl.load(base + c + STEP, mask=c + STEP < length, other=float("-inf"))
+                # the next blocks' loads go out before this block's stores
+                v, ahead, ahead2, ahead3 = _shift_ahead(base, c, length, ahead, ahead2, ahead3, STEP, DEPTH)
                 sel = (~(v < tf)) & (c < length)
                 rank, tot = _warp_ranks(sel.to(tl.int32))
                 pos = run + rank
@@ -252,11 +273,16 @@ if triton is not None:
         else:
             off2 = wr[:, None] * BW + tl.arange(0, BW)[None, :]
             ahead = tl.load(base + off2, mask=off2 < length, other=float("-inf"))
+            ahead2 = ahead  # placeholders where fewer blocks are in flight
+            ahead3 = ahead
+            if DEPTH >= 2:
+                ahead2 = tl.load(base + off2 + STEP, mask=off2 + STEP < length, other=float("-inf"))
+            if DEPTH >= 3:
+                ahead3 = tl.load(base + off2 + 2 * STEP, mask=off2 + 2 * STEP < length, other=float("-inf"))
             cnt = tl.zeros((W,), tl.int32)
             for c0 in range(0, length, STEP):
                 c = c0 + off2
-                v = ahead
-                ahead = tl.load(base + c + STEP, mask=c + STEP < length, other=float("-inf"))
+                v, ahead, ahead2, ahead3 = _shift_ahead(base, c, length, ahead, ahead2, ahead3, STEP, DEPTH)
                 sel = (~(v < tf)) & (c < length)
                 s32 = sel.to(tl.int32)
                 pos = cnt[:, None] + tl.cumsum(s32, axis=1) - 1
@@ -282,6 +308,7 @@ if triton is not None:
         LOW_BIT: tl.constexpr,
         DIRECT: tl.constexpr,
         BALLOT: tl.constexpr,
+        DEPTH: tl.constexpr,
         FUSED: tl.constexpr,
         KP: tl.constexpr,
         STW: tl.constexpr,
@@ -320,12 +347,12 @@ if triton is not None:
                 mu = K * s.to(tl.float32) / length.to(tl.float32)
                 r = tl.minimum((mu + SIGMAS * tl.sqrt(mu) + 1.0).to(tl.int32), s)
                 t = _sample_threshold(base, sidx, smask, r, LOW_BIT)
-                total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT)
+                total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT, DEPTH)
                 if total < K:
                     # too few keys passed: once more, twice as deep into the sample (read
                     # again, so that it is not held in registers through the pass)
                     t = _sample_threshold(base, sidx, smask, tl.minimum(2 * r, s), LOW_BIT)
-                    total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT)
+                    total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT, DEPTH)
                 tl.store(thr_ptr + row, t)
             if FUSED:
                 # one thread stored the threshold; every thread of the select reads it
@@ -394,6 +421,7 @@ if triton is not None:
                 eq = keys == kth
                 need = K - tl.sum(gt.to(tl.int32), axis=0)
                 colth = tl.full((), 2147483647, tl.int32)
+                sel = gt | eq
                 if tl.sum(eq.to(tl.int32), axis=0) > need:
                     # ties at the k-th key: the `need` lowest columns, found by the same
                     # search on -column - 1
@@ -402,23 +430,34 @@ if triton is not None:
                     else:
                         col = tl.load(_slot(cand32_ptr, row, idx, CAP, WCAP, STW) + 1, mask=eq, other=0)
                     colth = -_search(tl.where(eq, -col - 1, -2147483648), need, -length, -1, 0) - 1
-                # the write re-reads the candidates a chunk at a time, so that the key tile is
-                # the only large value held in registers (more rows in flight per SM)
-                taken = tl.full((), 0, tl.int32)
-                for c0 in range(0, T, CH):
-                    i = c0 + tl.arange(0, CH)
+                    sel = gt | (eq & (col <= colth))
+                if CH >= T:
+                    # the write from the tile in registers: one scan, and the columns of the
+                    # selected slots only
+                    pos = tl.cumsum(sel.to(tl.int32), axis=0) - 1
                     if direct:
-                        m = i < length
-                        key = _skey(tl.load(base + i, mask=m, other=0.0))
-                        ci = i
+                        ci = idx
                     else:
-                        m = i % STW < tl.load(cnt_ptr + row * W + i // STW)
-                        slot = _slot(cand32_ptr, row, i, CAP, WCAP, STW)
-                        key = _skey(tl.load(slot, mask=m, other=0).to(tl.float32, bitcast=True))
-                        ci = tl.load(slot + 1, mask=m, other=0)
-                    sel = m & ((key > kth) | ((key == kth) & (ci <= colth)))
-                    tl.store(obase + taken + tl.cumsum(sel.to(tl.int32), axis=0) - 1, ci, mask=sel)
-                    taken += tl.sum(sel.to(tl.int32), axis=0)
+                        ci = tl.load(_slot(cand32_ptr, row, idx, CAP, WCAP, STW) + 1, mask=sel, other=0)
+                    tl.store(obase + pos, ci, mask=sel)
+                else:
+                    # the write re-reads the candidates a chunk at a time, so that the key
+                    # tile is the only large value held in registers (more rows in flight per SM)
+                    taken = tl.full((), 0, tl.int32)
+                    for c0 in range(0, T, CH):
+                        i = c0 + tl.arange(0, CH)
+                        if direct:
+                            m = i < length
+                            key = _skey(tl.load(base + i, mask=m, other=0.0))
+                            ci = i
+                        else:
+                            m = i % STW < tl.load(cnt_ptr + row * W + i // STW)
+                            slot = _slot(cand32_ptr, row, i, CAP, WCAP, STW)
+                            key = _skey(tl.load(slot, mask=m, other=0).to(tl.float32, bitcast=True))
+                            ci = tl.load(slot + 1, mask=m, other=0)
+                        take = m & ((key > kth) | ((key == kth) & (ci <= colth)))
+                        tl.store(obase + taken + tl.cumsum(take.to(tl.int32), axis=0) - 1, ci, mask=take)
+                        taken += tl.sum(take.to(tl.int32), axis=0)
                 if STATS:
                     tl.atomic_add(stats_ptr + tl.where(direct, 3, 1), 1)
             elif road == 1:
@@ -430,7 +469,7 @@ if triton is not None:
     @triton.jit
     def _select_kernel(
         logits_ptr, starts_ptr, lengths_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, todo_ptr, stats_ptr,
-        stride_lm, stride_om, sample_min,
+        rows, stride_lm, stride_om, sample_min,
         K: tl.constexpr,
         KP: tl.constexpr,
         W: tl.constexpr,
@@ -442,25 +481,36 @@ if triton is not None:
         RADIX_BITS: tl.constexpr,
         R: tl.constexpr,
         FIRST: tl.constexpr,
+        RB: tl.constexpr,
         STATS: tl.constexpr,
     ):
-        """One row a program: every row (``FIRST``), or those a first launch marked."""
-        row = tl.program_id(0).to(tl.int64)
-        length = tl.load(lengths_ptr + row)
+        """``FIRST``: one row a program, every row. Otherwise ``RB`` rows a program, those a
+        first launch marked in ``todo``: a program none of whose rows is marked (nearly all of
+        them) leaves after one load, so the launch costs little when no list overflowed."""
+        pid = tl.program_id(0)
         if FIRST:
-            go = tl.full((), 1, tl.int32)
+            row = pid.to(tl.int64)
+            _select_row(row, tl.load(lengths_ptr + row), logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr,
+                        thr_ptr, todo_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW, DIRECT,
+                        CH, BLOCK, RADIX_BITS, R, FIRST, STATS)
         else:
-            go = tl.load(todo_ptr + row)
-        if go != 0:
-            _select_row(row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, todo_ptr, stats_ptr,
-                        stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW, DIRECT, CH, BLOCK, RADIX_BITS, R,
-                        FIRST, STATS)
+            r0 = pid.to(tl.int64) * RB
+            offs = r0 + tl.arange(0, RB)
+            if tl.max(tl.load(todo_ptr + offs, mask=offs < rows, other=0), axis=0) != 0:
+                for j in range(0, RB):
+                    row = r0 + j
+                    if row < rows:
+                        if tl.load(todo_ptr + row) != 0:
+                            _select_row(row, tl.load(lengths_ptr + row), logits_ptr, starts_ptr, out_ptr, cand32_ptr,
+                                        cnt_ptr, thr_ptr, todo_ptr, stats_ptr, stride_lm, stride_om, sample_min, K,
+                                        KP, W, WCAP, STW, DIRECT, CH, BLOCK, RADIX_BITS, R, FIRST, STATS)
 
 
 #: Launch config per GPU architecture (``sm90``, ``gfx942``...); architectures not listed
 #: take :data:`DEFAULT_CONFIG`. Unlike the logits kernel's configs these may differ by chunk:
 #: the selected set does not depend on them.
-DEFAULT_CONFIG = dict(num_warps=4, filter_block=512, programs_per_sm=8, select_warps=4, block=512, fused=False)
+DEFAULT_CONFIG = dict(num_warps=4, filter_block=512, programs_per_sm=8, select_warps=4, block=512, fused=False,
+                      prefetch=1, tile_write=False, filter_maxnreg=None, select_maxnreg=None)
 TOPK_CONFIGS: dict[str, dict] = {
     # H200, M=8192 late chunk, N=64K-256K, topk=2048 (docs/benchmarks.md)
     "sm90": dict(num_warps=8, filter_block=1024, programs_per_sm=8, select_warps=4),
@@ -507,9 +557,13 @@ def _programs(device: torch.device, rows: int, per_sm: int) -> int:
     return max(1, min(rows, 4))  # Triton's interpreter runs programs one by one
 
 
+def _nvidia(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.version.hip is None
+
+
 def _ballot_ok(device: torch.device, num_warps: int, filter_block: int) -> bool:
     # the PTX ballot needs NVIDIA and four keys a thread in the filtering pass
-    return device.type == "cuda" and torch.version.hip is None and filter_block == num_warps * 128
+    return _nvidia(device) and filter_block == num_warps * 128
 
 
 def ragged_topk(
@@ -527,6 +581,10 @@ def ragged_topk(
     tile: int | None = None,
     ballot: bool | None = None,
     fused: bool | None = None,
+    prefetch: int | None = None,
+    tile_write: bool | None = None,
+    filter_maxnreg: int | None = None,
+    select_maxnreg: int | None = None,
     radix_bits: int = RADIX_BITS,
     pieces: int | None = None,
     piece: int = PIECE,
@@ -560,6 +618,13 @@ def ragged_topk(
         ballot: Place candidates with the PTX ballot (default: where it can run).
         fused: Select each row in the filter kernel right after filtering it (with
             ``num_warps`` warps), instead of in a select launch of its own.
+        prefetch: Blocks of ``filter_block`` keys each filter program has in flight (1-3).
+        tile_write: The first select launch writes the indices from the key tile it holds in
+            registers (one scan; more registers) instead of re-reading the candidates 1024
+            at a time.
+        filter_maxnreg, select_maxnreg: Register cap a thread of the filter kernel, of the
+            first select launch (NVIDIA only; fewer registers, more programs an SM, maybe
+            spills). ``None``: the compiler's choice.
         radix_bits: Bits of the key resolved per pass of the plain road (1, 2, 4 or 8).
         pieces, piece, sparse, sigmas: The sample: ``pieces`` runs (a power of two) of at
             most ``piece`` keys (a power of two), one key in ``sparse`` sampled; its
@@ -601,6 +666,10 @@ def ragged_topk(
     programs_per_sm = cfg["programs_per_sm"] if programs_per_sm is None else programs_per_sm
     select_warps = cfg["select_warps"] if select_warps is None else select_warps
     fused = cfg["fused"] if fused is None else fused
+    prefetch = cfg["prefetch"] if prefetch is None else prefetch
+    tile_write = cfg["tile_write"] if tile_write is None else tile_write
+    filter_maxnreg = cfg["filter_maxnreg"] if filter_maxnreg is None else filter_maxnreg
+    select_maxnreg = cfg["select_maxnreg"] if select_maxnreg is None else select_maxnreg
     cap = default_cap(topk) if cap is None else cap
     tile = min(max(_next_pow2(2 * topk), num_warps), cap) if tile is None else tile
     pieces = PIECES if pieces is None else pieces
@@ -614,6 +683,11 @@ def ragged_topk(
     for name, value in (("sparse", sparse), ("programs_per_sm", programs_per_sm)):
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
+    for name, value in (("filter_maxnreg", filter_maxnreg), ("select_maxnreg", select_maxnreg)):
+        if value is not None and not (_nvidia(device) and 24 <= value <= 255):
+            raise ValueError(f"{name} must be None, or 24-255 on an NVIDIA GPU; got {value} on {device}")
+    if prefetch not in (1, 2, 3):
+        raise ValueError(f"prefetch must be 1, 2 or 3, got {prefetch}")
     if not 0 <= sample_low_bit <= 24:
         raise ValueError(f"sample_low_bit must be in [0, 24], got {sample_low_bit}")
     if not sigmas > 0:
@@ -626,7 +700,7 @@ def ragged_topk(
         if value > 1 << 20:
             raise ValueError(f"{name} must be at most 2**20, got {value} (topk={topk})")
     # column offsets are int32: a row and the steps read past its end must stay below 2**31
-    if n + 2 * max(filter_block, block, tile) >= 1 << 31:
+    if n + (prefetch + 1) * max(filter_block, block, tile) >= 1 << 31:
         raise ValueError(f"logits rows of {n} keys are too long for int32 column offsets")
     if not (num_warps <= min(filter_block, tile) and tile <= cap):
         raise ValueError(f"need num_warps <= filter_block, num_warps <= tile <= cap; got num_warps={num_warps}, "
@@ -653,17 +727,19 @@ def ragged_topk(
             logits, starts, lens, cand, cand32, counts, thr, out, todo, stats_arg,
             rows, logits.stride(0), out.stride(0), sample_min,
             BW=filter_block // num_warps, NP=pieces, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
-            LOW_BIT=sample_low_bit, BALLOT=bool(ballot), FUSED=bool(fused), STW=tile // num_warps,
-            CH=min(1024, tile), num_warps=num_warps, **common,
+            LOW_BIT=sample_low_bit, BALLOT=bool(ballot), DEPTH=prefetch, FUSED=bool(fused), STW=tile // num_warps,
+            CH=tile if tile_write else min(1024, tile), num_warps=num_warps, **common,
+            **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}),
         )
         # first select launch (unless fused into the filter): tiles of `tile` slots; then the
         # rows whose lists did not fit, with tiles of `cap`
         for first, slots in ((True, tile), (False, cap)):
             if (first and fused) or (not first and slots == tile):
                 continue
-            _select_kernel[(rows,)](
+            _select_kernel[(rows if first else triton.cdiv(rows, SECOND_ROWS),)](
                 logits, starts, lens, out, cand32, counts, thr, todo, stats_arg,
-                logits.stride(0), out.stride(0), sample_min,
-                STW=slots // num_warps, CH=min(1024, slots), FIRST=first,
-                num_warps=select_warps if first else max(select_warps, min(16, slots // 1024)), **common,
+                rows, logits.stride(0), out.stride(0), sample_min,
+                STW=slots // num_warps, CH=slots if tile_write and first else min(1024, slots), FIRST=first,
+                RB=SECOND_ROWS, num_warps=select_warps if first else max(select_warps, min(16, slots // 1024)),
+                **common, **(dict(maxnreg=select_maxnreg) if first and select_maxnreg else {}),
             )
