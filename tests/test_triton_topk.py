@@ -191,6 +191,15 @@ def test_sampled_road_with_odd_blocks():
     assert stats[T.STAT_SAMPLED] >= 3, stats
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(fused=True), dict(tile=16), dict(programs_per_sm=1, prefetch=2)])
+def test_dynamic_rows_select_the_same_sets(kw):
+    # filter programs take rows from a shared counter: every row served once, by any program
+    # (more rows than programs; on the interpreter the first program takes them all)
+    logits, masked, starts, lengths = _case(40, 900, 24, seed=41, quantize=4.0, pad=3, min_length=100)
+    stats = _check(logits, masked, starts, lengths, 24, cap=1024, dynamic=True, **dict(SMALL_ROAD, **kw))
+    assert stats[T.STAT_SAMPLED] >= 30, stats
+
+
 def test_second_launch_serves_marked_rows_across_its_programs():
     # 150 rows: the second launch's programs each look after 64 of them (the last one 22).
     # A first tile of 16 slots (4 a list) cannot hold any sampled row's >= 24 candidates, so

@@ -50,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune-fused", default="0,1", help="select in the filter kernel (1) or in its own launch (0)")
     p.add_argument("--tune-prefetch", default="1,2", help="blocks each filter program has in flight")
     p.add_argument("--tune-tile-write", default="0,1", help="select writes from its register tile (1) or re-reads (0)")
+    p.add_argument("--tune-dynamic", default="0", help="filter rows from a shared counter (1) or strided (0)")
     p.add_argument("--tune-filter-maxnreg", default="0", help="filter kernel register caps (0: none)")
     p.add_argument("--tune-select-maxnreg", default="0", help="select kernel register caps (0: none)")
     p.add_argument("--tune-context", type=int, default=None, help="N of the tuning run (default: the largest --context)")
@@ -194,11 +195,12 @@ def _tune(args: argparse.Namespace, device: torch.device) -> dict:
     out = torch.empty(m, args.topk, dtype=torch.int32, device=device)
     rows = []
     grid = [dict(filter_block=128 * w, num_warps=w, programs_per_sm=p, select_warps=s, fused=bool(f), prefetch=d,
-                 tile_write=bool(tw), filter_maxnreg=fr or None, select_maxnreg=sr or None)
+                 tile_write=bool(tw), filter_maxnreg=fr or None, select_maxnreg=sr or None, dynamic=bool(dy))
             for w in int_list(args.tune_warps) for p in int_list(args.tune_per_sm)
             for f in int_list(args.tune_fused) for s in (int_list(args.tune_select_warps) if not f else [w])
             for d in int_list(args.tune_prefetch) for tw in int_list(args.tune_tile_write)
-            for fr in int_list(args.tune_filter_maxnreg) for sr in int_list(args.tune_select_maxnreg)]
+            for fr in int_list(args.tune_filter_maxnreg) for sr in int_list(args.tune_select_maxnreg)
+            for dy in int_list(args.tune_dynamic)]
     for cfg in grid:
         ms = median_ms(lambda: T.ragged_topk(logits, starts, lengths, args.topk, out, **cfg), device,
                        warmup=1, repeats=args.repeats)
@@ -210,7 +212,8 @@ def _tune(args: argparse.Namespace, device: torch.device) -> dict:
                        ("programs_per_sm", "programs/SM", "d"), ("prefetch", "prefetch", "d"),
                        ("fused", "fused", "d"), ("select_warps", "select warps", "d"),
                        ("tile_write", "tile write", "d"), ("filter_maxnreg", "filter regs", "d"),
-                       ("select_maxnreg", "select regs", "d"), ("ms", "ms", ".3f"), ("same", "same set", ".1%")]))
+                       ("select_maxnreg", "select regs", "d"), ("dynamic", "dynamic", "d"), ("ms", "ms", ".3f"),
+                       ("same", "same set", ".1%")]))
     best = {key: value for key, value in rows[0].items() if key not in ("ms", "same")}  # the grid's config
     T.TOPK_CONFIGS[T._arch(device)] = best
     print(f"best: TOPK_CONFIGS[{T._arch(device)!r}] = {best} (used for the rest of this run)")

@@ -296,7 +296,7 @@ if triton is not None:
     @triton.jit
     def _filter_kernel(
         logits_ptr, starts_ptr, lengths_ptr, cand_ptr, cand32_ptr, cnt_ptr, thr_ptr, out_ptr, todo_ptr, stats_ptr,
-        rows, stride_lm, stride_om, sample_min,
+        next_ptr, rows, stride_lm, stride_om, sample_min,
         K: tl.constexpr,
         W: tl.constexpr,
         BW: tl.constexpr,
@@ -309,6 +309,7 @@ if triton is not None:
         DIRECT: tl.constexpr,
         BALLOT: tl.constexpr,
         DEPTH: tl.constexpr,
+        DYNAMIC: tl.constexpr,
         FUSED: tl.constexpr,
         KP: tl.constexpr,
         STW: tl.constexpr,
@@ -323,14 +324,21 @@ if triton is not None:
         word, column in the high one), ``cnt[row, w]`` keys in list ``w`` (it counts on past
         ``WCAP``: then the list overflowed). ``FUSED``: the same program then selects the
         row's top k (:func:`_select_row`, first launch), so that one program's counting
-        steps overlap the other programs' streaming on the SM."""
+        steps overlap the other programs' streaming on the SM. ``DYNAMIC``: a program takes
+        its next row from the counter ``next_ptr[0]`` (zeroed by the caller), so programs
+        that run end together and programs the SM could not hold at once find no row left;
+        otherwise rows ``pid, pid + nprog, ...``."""
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
         CAP: tl.constexpr = W * WCAP
         si = tl.arange(0, NP * PIECE)
         pp = si // PIECE
         pj = si % PIECE
-        for row32 in range(pid, rows, nprog):
+        if DYNAMIC:
+            row32 = tl.atomic_add(next_ptr, 1)
+        else:
+            row32 = pid
+        while row32 < rows:
             row = row32 + tl.zeros((), tl.int64)  # 64-bit offsets (an int under the interpreter)
             length = tl.load(lengths_ptr + row)
             if (length > DIRECT) & (length >= sample_min):
@@ -363,6 +371,10 @@ if triton is not None:
                 # the next row's candidates and counts are other slots, but the tile's
                 # scratch for reductions is shared: keep the rows apart
                 tl.debug_barrier()
+            if DYNAMIC:
+                row32 = tl.atomic_add(next_ptr, 1)
+            else:
+                row32 += nprog
 
     @triton.jit
     def _select_row(
@@ -510,7 +522,7 @@ if triton is not None:
 #: take :data:`DEFAULT_CONFIG`. Unlike the logits kernel's configs these may differ by chunk:
 #: the selected set does not depend on them.
 DEFAULT_CONFIG = dict(num_warps=4, filter_block=512, programs_per_sm=8, select_warps=4, block=512, fused=False,
-                      prefetch=1, tile_write=False, filter_maxnreg=None, select_maxnreg=None)
+                      prefetch=1, tile_write=False, filter_maxnreg=None, select_maxnreg=None, dynamic=False)
 TOPK_CONFIGS: dict[str, dict] = {
     # H200, M=8192 late chunk, N=64K-256K, topk=2048 (docs/benchmarks.md)
     "sm90": dict(num_warps=8, filter_block=1024, programs_per_sm=8, select_warps=4, prefetch=2),
@@ -585,6 +597,7 @@ def ragged_topk(
     tile_write: bool | None = None,
     filter_maxnreg: int | None = None,
     select_maxnreg: int | None = None,
+    dynamic: bool | None = None,
     radix_bits: int = RADIX_BITS,
     pieces: int | None = None,
     piece: int = PIECE,
@@ -622,6 +635,8 @@ def ragged_topk(
         tile_write: The first select launch writes the indices from the key tile it holds in
             registers (one scan; more registers) instead of re-reading the candidates 1024
             at a time.
+        dynamic: Filter programs take rows from a shared counter (an atomic add a row) rather
+            than every ``nprog``-th row: no tail of programs holding one row more than others.
         filter_maxnreg, select_maxnreg: Register cap a thread of the filter kernel, of the
             first select launch (NVIDIA only; fewer registers, more programs an SM, maybe
             spills). ``None``: the compiler's choice.
@@ -670,6 +685,7 @@ def ragged_topk(
     tile_write = cfg["tile_write"] if tile_write is None else tile_write
     filter_maxnreg = cfg["filter_maxnreg"] if filter_maxnreg is None else filter_maxnreg
     select_maxnreg = cfg["select_maxnreg"] if select_maxnreg is None else select_maxnreg
+    dynamic = cfg["dynamic"] if dynamic is None else dynamic
     cap = default_cap(topk) if cap is None else cap
     tile = min(max(_next_pow2(2 * topk), num_warps), cap) if tile is None else tile
     pieces = PIECES if pieces is None else pieces
@@ -725,9 +741,10 @@ def ragged_topk(
     with device_guard(logits):
         _filter_kernel[(_programs(device, rows, programs_per_sm),)](
             logits, starts, lens, cand, cand32, counts, thr, out, todo, stats_arg,
+            torch.zeros(1, dtype=torch.int32, device=device) if dynamic else lens,
             rows, logits.stride(0), out.stride(0), sample_min,
             BW=filter_block // num_warps, NP=pieces, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
-            LOW_BIT=sample_low_bit, BALLOT=bool(ballot), DEPTH=prefetch, FUSED=bool(fused), STW=tile // num_warps,
+            LOW_BIT=sample_low_bit, BALLOT=bool(ballot), DEPTH=prefetch, DYNAMIC=bool(dynamic), FUSED=bool(fused), STW=tile // num_warps,
             CH=tile if tile_write else min(1024, tile), num_warps=num_warps, **common,
             **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}),
         )
