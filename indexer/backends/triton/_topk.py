@@ -525,7 +525,7 @@ DEFAULT_CONFIG = dict(num_warps=4, filter_block=512, programs_per_sm=8, select_w
                       prefetch=1, tile_write=False, filter_maxnreg=None, select_maxnreg=None, dynamic=False)
 TOPK_CONFIGS: dict[str, dict] = {
     # H200, M=8192 late chunk, N=64K-256K, topk=2048 (docs/benchmarks.md)
-    "sm90": dict(num_warps=8, filter_block=1024, programs_per_sm=8, select_warps=4, prefetch=2),
+    "sm90": dict(num_warps=8, filter_block=1024, programs_per_sm=8, select_warps=4, prefetch=2, dynamic=True),
 }
 
 
