@@ -6,14 +6,14 @@ of its largest values, ``-1`` padded, unordered. Every value maps to an order-pr
 32-bit key (NaNs above everything, ``-0.0`` equal to ``0.0``); selection counts keys, it
 never sorts. Two kernels:
 
-*Filter* (persistent; rows longer than the select tile). A sample of ``pieces`` runs of
+*Filter* (persistent; rows longer than the select tile, each program taking its next row
+from a shared counter where ``dynamic``). A sample of ``pieces`` runs of
 keys spread evenly over the row (1/``sparse`` of it, up to ``pieces * piece`` keys) gives
 a threshold ``t`` that the row's k-th key reaches unless the sample is unlucky by about
 ``sigmas`` standard deviations. One pass over the row then appends every key ``>= t``
-(value and column) to a per-warp list: on NVIDIA a warp places its keys with a ballot and
-a popcount (inline PTX), so the pass needs no block-wide scan and streams at 1.5-1.8x the
-copy-bandwidth floor; elsewhere (AMD, the CPU interpreter) a per-warp-row ``tl.cumsum``
-does the same. If fewer than k keys pass, the pass runs once more with a sample threshold
+(value and column) to a per-warp list, ``prefetch`` blocks in flight: on NVIDIA a warp
+places its keys with a ballot and a popcount (inline PTX), so the pass needs no block-wide
+scan; elsewhere (AMD, the CPU interpreter) a per-warp-row ``tl.cumsum`` does the same. If fewer than k keys pass, the pass runs once more with a sample threshold
 twice as deep.
 
 *Select* (one program per row). The candidates (or the whole row, when it fits the tile)
