@@ -226,6 +226,19 @@ if triton is not None:
             eq_seen += tl.sum(eq, axis=0)
 
     @triton.jit
+    def _prime_ahead(base, off, length, STEP: tl.constexpr, DEPTH: tl.constexpr):
+        # the first DEPTH blocks of a pass, in flight before it starts (the unused ones are
+        # placeholders that the loop carries unchanged)
+        a1 = tl.load(base + off, mask=off < length, other=float("-inf"))
+        a2 = a1
+        a3 = a1
+        if DEPTH >= 2:
+            a2 = tl.load(base + off + STEP, mask=off + STEP < length, other=float("-inf"))
+        if DEPTH >= 3:
+            a3 = tl.load(base + off + 2 * STEP, mask=off + 2 * STEP < length, other=float("-inf"))
+        return a1, a2, a3
+
+    @triton.jit
     def _shift_ahead(base, c, length, a1, a2, a3, STEP: tl.constexpr, DEPTH: tl.constexpr):
         # the block at c (loaded DEPTH steps ago) and the blocks still in flight, the newest
         # being the load of the block DEPTH steps past c
@@ -251,13 +264,7 @@ if triton is not None:
         wr = tl.arange(0, W)
         if BALLOT:
             off1 = tl.arange(0, STEP)
-            ahead = tl.load(base + off1, mask=off1 < length, other=float("-inf"))
-            ahead2 = ahead  # placeholders where fewer blocks are in flight
-            ahead3 = ahead
-            if DEPTH >= 2:
-                ahead2 = tl.load(base + off1 + STEP, mask=off1 + STEP < length, other=float("-inf"))
-            if DEPTH >= 3:
-                ahead3 = tl.load(base + off1 + 2 * STEP, mask=off1 + 2 * STEP < length, other=float("-inf"))
+            ahead, ahead2, ahead3 = _prime_ahead(base, off1, length, STEP, DEPTH)
             run = tl.zeros((STEP,), tl.int32)  # each element: its warp's list length
             wid = _warp_id(off1)
             for c0 in range(0, length, STEP):
@@ -272,13 +279,7 @@ if triton is not None:
             tl.store(cnt_row + wid, run)  # all of a warp's elements agree
         else:
             off2 = wr[:, None] * BW + tl.arange(0, BW)[None, :]
-            ahead = tl.load(base + off2, mask=off2 < length, other=float("-inf"))
-            ahead2 = ahead  # placeholders where fewer blocks are in flight
-            ahead3 = ahead
-            if DEPTH >= 2:
-                ahead2 = tl.load(base + off2 + STEP, mask=off2 + STEP < length, other=float("-inf"))
-            if DEPTH >= 3:
-                ahead3 = tl.load(base + off2 + 2 * STEP, mask=off2 + 2 * STEP < length, other=float("-inf"))
+            ahead, ahead2, ahead3 = _prime_ahead(base, off2, length, STEP, DEPTH)
             cnt = tl.zeros((W,), tl.int32)
             for c0 in range(0, length, STEP):
                 c = c0 + off2
