@@ -58,12 +58,15 @@ SMALL_ROAD = dict(piece=8, sparse=4)
 
 def _check(logits, masked, starts, lengths, topk, **kw):
     rows = logits.shape[0]
-    got = torch.full((rows, topk), 99999, dtype=torch.int32, device=DEVICE)
+    # out is a view with 5 guard columns a row: a write past a row's k slots lands in them
+    buf = torch.full((rows, topk + 5), 99999, dtype=torch.int32, device=DEVICE)
+    got = buf[:, :topk]
     stats = torch.zeros(4, dtype=torch.int32, device=DEVICE)
     T.ragged_topk(logits, starts.to(DEVICE), lengths.to(DEVICE), topk, got, stats=stats, **kw)
     want = torch.empty(rows, topk, dtype=torch.int32)
     row_topk(masked, starts, lengths, topk, want)
     got = got.cpu()
+    assert (buf[:, topk:].cpu() == 99999).all(), "a write outside out's rows"
     assert torch.equal(got.sort(1).values, want.sort(1).values)
     stats = stats.cpu().tolist()
     assert sum(stats) == rows
@@ -166,7 +169,8 @@ def test_nans_rank_above_everything_like_torch_topk():
                                       (dict(select_warps=3), "select_warps"), (dict(pieces=6), "pieces"),
                                       (dict(sigmas=0), "sigmas"), (dict(ballot=True, filter_block=64), "ballot"),
                                       (dict(sample_low_bit=25), "sample_low_bit"),
-                                      (dict(prefetch=4), "prefetch")])
+                                      (dict(prefetch=4), "prefetch"), (dict(prefetch=2.0), "prefetch"),
+                                      (dict(prefetch=True), "prefetch")])
 def test_bad_launch_options_are_refused(kw, match):
     logits = torch.zeros(1, 10, device=DEVICE)
     with pytest.raises(ValueError, match=match):
@@ -193,17 +197,60 @@ def test_sampled_road_with_odd_blocks():
 
 @pytest.mark.parametrize("kw", [dict(), dict(fused=True), dict(tile=16), dict(programs_per_sm=1, prefetch=2)])
 def test_dynamic_rows_select_the_same_sets(kw):
-    # filter programs take rows from a shared counter: every row served once, by any program
-    # (more rows than programs; on the interpreter the first program takes them all)
-    logits, masked, starts, lengths = _case(40, 900, 24, seed=41, quantize=4.0, pad=3, min_length=100)
+    # filter programs take rows from a shared counter: every row served once, by any program.
+    # On a GPU, 300 rows and (with programs_per_sm=1) one program an SM: programs take 2-3
+    # rows each, concurrently; on the interpreter the first program takes them all
+    rows = 300 if DEVICE == "cuda" else 40
+    logits, masked, starts, lengths = _case(rows, 900, 24, seed=41, quantize=4.0, pad=3, min_length=100)
     stats = _check(logits, masked, starts, lengths, 24, cap=1024, dynamic=True, **dict(SMALL_ROAD, **kw))
-    assert stats[T.STAT_SAMPLED] >= 30, stats
+    assert stats[T.STAT_SAMPLED] >= rows * 3 // 4, stats
+
+
+def test_second_launch_serves_rows_marked_in_later_blocks_only():
+    # two rows whose lists overflow the first tile (400 keys tied at the top: 100 a list
+    # against 64 slots), one in the first block of SECOND_ROWS rows and one far later; every
+    # other row fits the tile. A program that looked at the wrong rows' marks would leave
+    # row 140 unwritten
+    rows, n, topk = 150, 900, 24
+    g = torch.Generator().manual_seed(43)
+    vals = torch.randn(rows, n, generator=g)
+    starts = torch.zeros(rows, dtype=torch.int64)
+    lengths = torch.randint(100, n + 1, (rows,), generator=g)
+    for r in (3, 140):
+        lengths[r] = n
+        vals[r, :400] = 10.0
+    masked = torch.where(torch.arange(n)[None] < lengths[:, None], vals, float("-inf"))
+    stats = _check(vals.to(DEVICE), masked, starts, lengths, topk, cap=1024, tile=256, num_warps=4, **SMALL_ROAD)
+    assert stats[T.STAT_PLAIN] == 0 and stats[T.STAT_SAMPLED] >= 100, stats
+    assert 140 // T.SECOND_ROWS > 3 // T.SECOND_ROWS + 1
+
+
+def test_direct_rows_with_the_chunked_write():
+    # rows up to a 2048-slot tile are selected on the row itself and written back 1024 keys
+    # at a time (the write re-reads the row); ties at the k-th key included
+    logits, masked, starts, lengths = _case(10, 2500, 24, seed=45, quantize=4.0, pad=3, min_length=1100)
+    for r in range(10):  # the key just past each window is the largest: it must not be read
+        end = int(starts[r] + lengths[r])
+        if end < 2500:
+            logits[r, end] = 1e30
+    stats = _check(logits, masked, starts, lengths, 24, tile=2048, tile_write=False)
+    assert stats[T.STAT_DIRECT] >= 3, stats
+
+
+@pytest.mark.parametrize("prefetch", [2, 3])
+def test_prefetch_on_rows_many_blocks_long(prefetch):
+    # rows of 4500-6000 keys: with the default filter block (1024 keys on an NVIDIA GPU, the
+    # ballot path; 512 on the interpreter) the blocks loaded inside the pass's loop are the
+    # ones consumed
+    logits, masked, starts, lengths = _case(6, 6000, 64, seed=47, pad=3, min_length=4500)
+    stats = _check(logits, masked, starts, lengths, 64, prefetch=prefetch)
+    assert stats[T.STAT_SAMPLED] + stats[T.STAT_PLAIN] >= 4, stats
 
 
 def test_second_launch_serves_marked_rows_across_its_programs():
-    # 150 rows: the second launch's programs each look after 64 of them (the last one 22).
-    # A first tile of 16 slots (4 a list) cannot hold any sampled row's >= 24 candidates, so
-    # every such row is marked; every 7th row is at most k long and never marked
+    # 150 rows: the second launch's programs each look after SECOND_ROWS of them. A first
+    # tile of 16 slots (4 a list) cannot hold any sampled row's >= 24 candidates, so every
+    # such row is marked; every 7th row is at most k long and never marked
     logits, masked, starts, lengths = _case(150, 900, 24, seed=31, pad=2, min_length=30)
     lengths[5::7] = torch.minimum(lengths[5::7], torch.tensor(20))
     masked = torch.where(torch.arange(900)[None] < (starts + lengths)[:, None], masked, float("-inf"))

@@ -13,17 +13,19 @@ a threshold ``t`` that the row's k-th key reaches unless the sample is unlucky b
 ``sigmas`` standard deviations. One pass over the row then appends every key ``>= t``
 (value and column) to a per-warp list, ``prefetch`` blocks in flight: on NVIDIA a warp
 places its keys with a ballot and a popcount (inline PTX), so the pass needs no block-wide
-scan; elsewhere (AMD, the CPU interpreter) a per-warp-row ``tl.cumsum`` does the same. If fewer than k keys pass, the pass runs once more with a sample threshold
-twice as deep.
+scan; elsewhere (AMD, the CPU interpreter) a per-warp-row ``tl.cumsum`` does the same. If
+fewer than k keys pass, the pass runs once more with a sample threshold twice as deep.
 
-*Select* (one program per row). The candidates (or the whole row, when it fits the tile)
-sit in registers; the k-th key is found by a bit-by-bit search on counts (``count(key >=
-x) >= k``), each step one compare per key and one block reduction, in the bits where the
-threshold and the largest candidate differ. Ties at the k-th key go to the lowest columns
-(a second search on the columns of the tied keys), the rule of the torch path, so both
-select the same set. A row whose per-warp lists overflow the first tile goes to a second
-launch with a tile as large as the lists. (``fused=True`` runs the first select inside the
-filter kernel instead; on an H200 that measured slower: it needs twice the registers.)
+*Select* (one program per row; the second launch, below, a few rows per program). The
+candidates (or the whole row, when it fits the tile) sit in registers; the k-th key is
+found by a bit-by-bit search on counts (``count(key >= x) >= k``), each step one compare
+per key and one block reduction, in the bits where the threshold and the largest candidate
+differ. Ties at the k-th key go to the lowest columns (a second search on the columns of
+the tied keys), the rule of the torch path, so both select the same set. A row whose
+per-warp lists overflow the first tile goes to a second launch with a tile as large as the
+lists (``SECOND_ROWS`` rows a program, which leaves at once when none of its rows is
+marked). (``fused=True`` runs the first select inside the filter kernel instead; on an
+H200 that measured slower: it needs twice the registers.)
 
 Rows the sampled road cannot serve (still too few candidates, or more than a list holds:
 a huge tie at ``t``) take the plain road: a radix select over the whole row, ``radix_bits``
@@ -34,6 +36,7 @@ a pass, and an ordered write. Both roads are exact. Triton is imported lazily;
 from __future__ import annotations
 
 import functools
+import numbers
 
 import torch
 
@@ -58,8 +61,10 @@ RADIX_BITS = 4
 #: selected from sampled candidates, rows that took the plain radix select, rows selected
 #: on the row itself (longer than k, within the select tile).
 STAT_SHORT, STAT_SAMPLED, STAT_PLAIN, STAT_DIRECT = 0, 1, 2, 3
-#: Rows a program of the second select launch looks after (it serves the marked ones).
-SECOND_ROWS = 64
+#: Rows a program of the second select launch looks after (it serves the marked ones one
+#: after another: few, so that inputs where many rows overflow, heavy ties, keep most of the
+#: launch's parallelism; enough that a launch with nothing marked is a few hundred programs).
+SECOND_ROWS = 8
 
 if triton is not None:
 
@@ -559,6 +564,11 @@ def scratch_bytes_per_row(topk: int) -> int:
     return 8 * default_cap(topk) + 4 * 16 + 8
 
 
+def _int(x) -> bool:
+    # an integer (numpy's included), not a bool
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
 def _pow2(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0
 
@@ -633,14 +643,16 @@ def ragged_topk(
         fused: Select each row in the filter kernel right after filtering it (with
             ``num_warps`` warps), instead of in a select launch of its own.
         prefetch: Blocks of ``filter_block`` keys each filter program has in flight (1-3).
-        tile_write: The first select launch writes the indices from the key tile it holds in
-            registers (one scan; more registers) instead of re-reading the candidates 1024
-            at a time.
+        tile_write: The first select launch (fused or not) writes the indices from the key
+            tile it holds in registers (one scan; more registers) instead of re-reading the
+            candidates 1024 at a time. Tiles of at most 1024 slots are always written from
+            registers.
         dynamic: Filter programs take rows from a shared counter (an atomic add a row) rather
             than every ``nprog``-th row: no tail of programs holding one row more than others.
         filter_maxnreg, select_maxnreg: Register cap a thread of the filter kernel, of the
             first select launch (NVIDIA only; fewer registers, more programs an SM, maybe
-            spills). ``None``: the compiler's choice.
+            spills; with ``fused`` the select runs in the filter kernel, under
+            ``filter_maxnreg``). ``None``: the compiler's choice.
         radix_bits: Bits of the key resolved per pass of the plain road (1, 2, 4 or 8).
         pieces, piece, sparse, sigmas: The sample: ``pieces`` runs (a power of two) of at
             most ``piece`` keys (a power of two), one key in ``sparse`` sampled; its
@@ -701,10 +713,10 @@ def ragged_topk(
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
     for name, value in (("filter_maxnreg", filter_maxnreg), ("select_maxnreg", select_maxnreg)):
-        if value is not None and not (_nvidia(device) and 24 <= value <= 255):
-            raise ValueError(f"{name} must be None, or 24-255 on an NVIDIA GPU; got {value} on {device}")
-    if prefetch not in (1, 2, 3):
-        raise ValueError(f"prefetch must be 1, 2 or 3, got {prefetch}")
+        if value is not None and not (_nvidia(device) and _int(value) and 24 <= value <= 255):
+            raise ValueError(f"{name} must be None, or an int in 24-255 on an NVIDIA GPU; got {value!r} on {device}")
+    if not (_int(prefetch) and prefetch in (1, 2, 3)):
+        raise ValueError(f"prefetch must be 1, 2 or 3, got {prefetch!r}")
     if not 0 <= sample_low_bit <= 24:
         raise ValueError(f"sample_low_bit must be in [0, 24], got {sample_low_bit}")
     if not sigmas > 0:
@@ -745,8 +757,8 @@ def ragged_topk(
             torch.zeros(1, dtype=torch.int32, device=device) if dynamic else lens,
             rows, logits.stride(0), out.stride(0), sample_min,
             BW=filter_block // num_warps, NP=pieces, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
-            LOW_BIT=sample_low_bit, BALLOT=bool(ballot), DEPTH=prefetch, DYNAMIC=bool(dynamic), FUSED=bool(fused), STW=tile // num_warps,
-            CH=tile if tile_write else min(1024, tile), num_warps=num_warps, **common,
+            LOW_BIT=sample_low_bit, BALLOT=bool(ballot), DEPTH=prefetch, DYNAMIC=bool(dynamic), FUSED=bool(fused),
+            STW=tile // num_warps, CH=tile if tile_write else min(1024, tile), num_warps=num_warps, **common,
             **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}),
         )
         # first select launch (unless fused into the filter): tiles of `tile` slots; then the
