@@ -505,23 +505,24 @@ if triton is not None:
         """``FIRST``: one row a program, every row. Otherwise ``RB`` rows a program, those a
         first launch marked in ``todo``: a program none of whose rows is marked (nearly all of
         them) leaves after one load, so the launch costs little when no list overflowed."""
-        pid = tl.program_id(0)
+        NR: tl.constexpr = 1 if FIRST else RB
+        r0 = tl.program_id(0).to(tl.int64) * NR
         if FIRST:
-            row = pid.to(tl.int64)
-            _select_row(row, tl.load(lengths_ptr + row), logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr,
-                        thr_ptr, todo_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW, DIRECT,
-                        CH, BLOCK, RADIX_BITS, R, FIRST, STATS)
+            marked = tl.full((), 1, tl.int32)
         else:
-            r0 = pid.to(tl.int64) * RB
-            offs = r0 + tl.arange(0, RB)
-            if tl.max(tl.load(todo_ptr + offs, mask=offs < rows, other=0), axis=0) != 0:
-                for j in range(0, RB):
-                    row = r0 + j
-                    if row < rows:
-                        if tl.load(todo_ptr + row) != 0:
-                            _select_row(row, tl.load(lengths_ptr + row), logits_ptr, starts_ptr, out_ptr, cand32_ptr,
-                                        cnt_ptr, thr_ptr, todo_ptr, stats_ptr, stride_lm, stride_om, sample_min, K,
-                                        KP, W, WCAP, STW, DIRECT, CH, BLOCK, RADIX_BITS, R, FIRST, STATS)
+            offs = r0 + tl.arange(0, NR)
+            marked = tl.max(tl.load(todo_ptr + offs, mask=offs < rows, other=0), axis=0)
+        if marked != 0:
+            for j in range(0, NR):
+                row = r0 + j
+                if FIRST:
+                    go = True  # the grid has one program a row
+                else:
+                    go = (row < rows) & (tl.load(todo_ptr + row, mask=row < rows, other=0) != 0)
+                if go:
+                    _select_row(row, tl.load(lengths_ptr + row), logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr,
+                                thr_ptr, todo_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW,
+                                DIRECT, CH, BLOCK, RADIX_BITS, R, FIRST, STATS)
 
 
 #: Launch config per GPU architecture (``sm90``, ``gfx942``...); architectures not listed
