@@ -54,6 +54,8 @@ except Exception:  # noqa: BLE001 - reported by _kernels.is_available
 #: deep. The sample sits in registers during its search, and its size sets the filter
 #: kernel's register count (4096 keys: 64 registers a thread at 8 warps).
 PIECES, PIECE, SPARSE, SIGMAS = 16, 256, 32, 4.0
+#: The sample threshold's search may end this fraction above its rank (``sample_slack``).
+SAMPLE_SLACK = 1 / 32
 #: Candidate slots per row (``max(CAP, 4 * topk)``, a power of two): ``8 * cap`` bytes.
 CAP = 8192
 RADIX_BITS = 4
@@ -144,34 +146,45 @@ if triton is not None:
             "{ .reg .b32 t; mov.u32 t, %tid.x; shr.u32 $0, t, 5; }", "=r,r", [x], dtype=tl.int32, is_pure=True, pack=1)
 
     @triton.jit
-    def _search(keys, need, lo, hi, LOW_BIT: tl.constexpr):
-        """The largest key ``x`` with at least ``need`` of ``keys`` (int32 [T], empty slots
-        ``-2**31``) at or above it, given ``lo <= x <= hi``: bit by bit, most significant
-        first, on the keys' unsigned form, one count a bit where ``lo`` and ``hi`` differ.
-        Bits below ``LOW_BIT`` stay 0, which makes ``x`` a lower bound of that key."""
+    def _search(keys, need, lo, hi, stop, LOW_BIT: tl.constexpr):
+        """A key ``x`` with at least ``need`` of ``keys`` (int32 [T], empty slots ``-2**31``)
+        at or above it, given ``lo <= x <= hi``: bit by bit, most significant first, on the
+        keys' unsigned form, one count a bit where ``lo`` and ``hi`` differ. The search ends
+        early, its lower bits 0, once at most ``stop`` (>= ``need``) keys are at or above
+        ``x``; otherwise ``x`` is the largest such key but for the bits below ``LOW_BIT``,
+        left 0. Either way ``x`` is a lower bound of the ``need``-th largest key; with
+        ``stop == need`` an early end means exactly ``need`` keys are ``>= x``, the same set
+        as the ``need`` largest, so the callers' selection by ``x`` stays exact."""
         lo_u = lo ^ -2147483648
         diff = lo_u ^ (hi ^ -2147483648)
         a = tl.full((), 0, tl.int32)
         one = tl.full((), 1, tl.int32)
-        for i in range(0, 32 - LOW_BIT):
-            b = 31 - i
+        above = tl.full((), 2147483647, tl.int32)  # keys >= a, once a count has told
+        b = tl.full((), 31, tl.int32)
+        # most rows settle well before the last bit: the gap below the need-th key is wide
+        while (b >= LOW_BIT) & (above > stop):
             bit = one << b
             if (diff >> b) == 0:  # lo and hi agree from here up
                 a = a | (lo_u & bit)
             else:
                 cand = a | bit
-                if tl.sum((keys >= (cand ^ -2147483648)).to(tl.int32), axis=0) >= need:
+                c = tl.sum((keys >= (cand ^ -2147483648)).to(tl.int32), axis=0)
+                if c >= need:
                     a = cand
+                    above = c
+            b -= 1
         return a ^ -2147483648
 
     @triton.jit
-    def _sample_threshold(base, sidx, smask, rank, LOW_BIT: tl.constexpr):
-        """Key the ``rank``-th largest sampled key reaches (a lower bound, see
-        :func:`_search`), at most +inf's: a threshold among the NaNs' keys would compare as
-        NaN in the filtering pass and let every key through, while +inf's key admits the
-        same keys a NaN threshold means."""
+    def _sample_threshold(base, sidx, smask, rank, SLACK: tl.constexpr, LOW_BIT: tl.constexpr):
+        """Key the ``rank``-th largest sampled key reaches, with at most ``rank * (1 +
+        SLACK)`` sampled keys at or above it (a lower bound, see :func:`_search`), at most
+        +inf's: a threshold among the NaNs' keys would compare as NaN in the filtering pass
+        and let every key through, while +inf's key admits the same keys a NaN threshold
+        means."""
         skeys = tl.where(smask, _skey(tl.load(base + sidx, mask=smask, other=0.0)), -2147483648)
-        return tl.minimum(_search(skeys, rank, -2147483648, 2147483647, LOW_BIT), 0x7F800000)
+        stop = rank + (rank.to(tl.float32) * SLACK).to(tl.int32)
+        return tl.minimum(_search(skeys, rank, -2147483648, 2147483647, stop, LOW_BIT), 0x7F800000)
 
     @triton.jit
     def _pack(col, v):
@@ -311,6 +324,7 @@ if triton is not None:
         PIECE: tl.constexpr,
         SPARSE: tl.constexpr,
         SIGMAS: tl.constexpr,
+        SLACK: tl.constexpr,
         LOW_BIT: tl.constexpr,
         DIRECT: tl.constexpr,
         BALLOT: tl.constexpr,
@@ -360,12 +374,12 @@ if triton is not None:
                 # reached by k keys of the row unless the sample is off by SIGMAS deviations
                 mu = K * s.to(tl.float32) / length.to(tl.float32)
                 r = tl.minimum((mu + SIGMAS * tl.sqrt(mu) + 1.0).to(tl.int32), s)
-                t = _sample_threshold(base, sidx, smask, r, LOW_BIT)
+                t = _sample_threshold(base, sidx, smask, r, SLACK, LOW_BIT)
                 total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT, DEPTH)
                 if total < K:
                     # too few keys passed: once more, twice as deep into the sample (read
                     # again, so that it is not held in registers through the pass)
-                    t = _sample_threshold(base, sidx, smask, tl.minimum(2 * r, s), LOW_BIT)
+                    t = _sample_threshold(base, sidx, smask, tl.minimum(2 * r, s), SLACK, LOW_BIT)
                     total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT, DEPTH)
                 tl.store(thr_ptr + row, t)
             if FUSED:
@@ -373,7 +387,7 @@ if triton is not None:
                 tl.debug_barrier()
                 _select_row(row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, todo_ptr,
                             stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW, DIRECT, CH, BLOCK,
-                            RADIX_BITS, R, True, STATS)
+                            RADIX_BITS, R, True, False, STATS)
                 # the next row's candidates and counts are other slots, but the tile's
                 # scratch for reductions is shared: keep the rows apart
                 tl.debug_barrier()
@@ -397,12 +411,14 @@ if triton is not None:
         RADIX_BITS: tl.constexpr,
         R: tl.constexpr,
         FIRST: tl.constexpr,
+        PLAIN: tl.constexpr,
         STATS: tl.constexpr,
     ):
         """The top k of one row (its candidates filtered already, if it is longer than
         ``DIRECT``) with a tile of ``STW`` slots a list. A first launch (``FIRST``) marks in
         ``todo`` the rows whose lists do not fit the tile, for a later one with a tile as
-        large as the lists."""
+        large as the lists; without ``PLAIN`` it leaves the plain road's rows and rows tied
+        at the k-th key to that launch too (for the fused filter kernel's registers)."""
         base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
         obase = out_ptr + row * stride_om
         CAP: tl.constexpr = W * WCAP
@@ -432,57 +448,68 @@ if triton is not None:
                 keys = tl.where(valid, _skey(v.to(tl.float32, bitcast=True)), -2147483648)
                 lo = tl.load(thr_ptr + row)
             if FIRST:
-                tl.store(todo_ptr + row, (road == 2).to(tl.int32))
+                tl.store(todo_ptr + row, ((road == 2) | ((road == 1) & (not PLAIN))).to(tl.int32))
             if road == 0:
-                kth = _search(keys, K, lo, tl.max(keys, axis=0), 0)
+                kth = _search(keys, K, lo, tl.max(keys, axis=0), K, 0)
                 gt = keys > kth
                 eq = keys == kth
                 need = K - tl.sum(gt.to(tl.int32), axis=0)
-                colth = tl.full((), 2147483647, tl.int32)
-                sel = gt | eq
-                if tl.sum(eq.to(tl.int32), axis=0) > need:
-                    # ties at the k-th key: the `need` lowest columns, found by the same
-                    # search on -column - 1
-                    if direct:
-                        col = idx
-                    else:
-                        col = tl.load(_slot(cand32_ptr, row, idx, CAP, WCAP, STW) + 1, mask=eq, other=0)
-                    colth = -_search(tl.where(eq, -col - 1, -2147483648), need, -length, -1, 0) - 1
-                    sel = gt | (eq & (col <= colth))
-                if CH >= T:
-                    # the write from the tile in registers: one scan, and the columns of the
-                    # selected slots only
-                    pos = tl.cumsum(sel.to(tl.int32), axis=0) - 1
-                    if direct:
-                        ci = idx
-                    else:
-                        ci = tl.load(_slot(cand32_ptr, row, idx, CAP, WCAP, STW) + 1, mask=sel, other=0)
-                    tl.store(obase + pos, ci, mask=sel)
-                else:
-                    # the write re-reads the candidates a chunk at a time, so that the key
-                    # tile is the only large value held in registers (more rows in flight per SM)
-                    taken = tl.full((), 0, tl.int32)
-                    for c0 in range(0, T, CH):
-                        i = c0 + tl.arange(0, CH)
+                ties = tl.sum(eq.to(tl.int32), axis=0)
+                tied = ties > need
+                go = True
+                if not PLAIN:
+                    # ties at the k-th key (rare) wait for the later launch too: the column
+                    # search's registers would count against the fused filter kernel
+                    go = ties <= need
+                    if tied:
+                        tl.store(todo_ptr + row, 1)
+                if go:
+                    colth = tl.full((), 2147483647, tl.int32)
+                    sel = gt | eq
+                    if tied:
+                        # ties at the k-th key: the `need` lowest columns, found by the same
+                        # search on -column - 1
                         if direct:
-                            m = i < length
-                            key = _skey(tl.load(base + i, mask=m, other=0.0))
-                            ci = i
+                            col = idx
                         else:
-                            m = i % STW < tl.load(cnt_ptr + row * W + i // STW)
-                            slot = _slot(cand32_ptr, row, i, CAP, WCAP, STW)
-                            key = _skey(tl.load(slot, mask=m, other=0).to(tl.float32, bitcast=True))
-                            ci = tl.load(slot + 1, mask=m, other=0)
-                        take = m & ((key > kth) | ((key == kth) & (ci <= colth)))
-                        tl.store(obase + taken + tl.cumsum(take.to(tl.int32), axis=0) - 1, ci, mask=take)
-                        taken += tl.sum(take.to(tl.int32), axis=0)
-                if STATS:
-                    tl.atomic_add(stats_ptr + tl.where(direct, 3, 1), 1)
+                            col = tl.load(_slot(cand32_ptr, row, idx, CAP, WCAP, STW) + 1, mask=eq, other=0)
+                        colth = -_search(tl.where(eq, -col - 1, -2147483648), need, -length, -1, need, 0) - 1
+                        sel = gt | (eq & (col <= colth))
+                    if CH >= T:
+                        # the write from the tile in registers: one scan, and the columns of the
+                        # selected slots only
+                        pos = tl.cumsum(sel.to(tl.int32), axis=0) - 1
+                        if direct:
+                            ci = idx
+                        else:
+                            ci = tl.load(_slot(cand32_ptr, row, idx, CAP, WCAP, STW) + 1, mask=sel, other=0)
+                        tl.store(obase + pos, ci, mask=sel)
+                    else:
+                        # the write re-reads the candidates a chunk at a time, so that the key
+                        # tile is the only large value held in registers (more rows in flight per SM)
+                        taken = tl.full((), 0, tl.int32)
+                        for c0 in range(0, T, CH):
+                            i = c0 + tl.arange(0, CH)
+                            if direct:
+                                m = i < length
+                                key = _skey(tl.load(base + i, mask=m, other=0.0))
+                                ci = i
+                            else:
+                                m = i % STW < tl.load(cnt_ptr + row * W + i // STW)
+                                slot = _slot(cand32_ptr, row, i, CAP, WCAP, STW)
+                                key = _skey(tl.load(slot, mask=m, other=0).to(tl.float32, bitcast=True))
+                                ci = tl.load(slot + 1, mask=m, other=0)
+                            take = m & ((key > kth) | ((key == kth) & (ci <= colth)))
+                            tl.store(obase + taken + tl.cumsum(take.to(tl.int32), axis=0) - 1, ci, mask=take)
+                            taken += tl.sum(take.to(tl.int32), axis=0)
+                    if STATS:
+                        tl.atomic_add(stats_ptr + tl.where(direct, 3, 1), 1)
             elif road == 1:
-                kth, need = _kth_largest(base, length, K, BLOCK, RADIX_BITS, R)
-                _emit(base, length, kth, need, obase, BLOCK)
-                if STATS:
-                    tl.atomic_add(stats_ptr + 2, 1)
+                if PLAIN:
+                    kth, need = _kth_largest(base, length, K, BLOCK, RADIX_BITS, R)
+                    _emit(base, length, kth, need, obase, BLOCK)
+                    if STATS:
+                        tl.atomic_add(stats_ptr + 2, 1)
 
     @triton.jit
     def _select_kernel(
@@ -522,7 +549,7 @@ if triton is not None:
                 if go:
                     _select_row(row, tl.load(lengths_ptr + row), logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr,
                                 thr_ptr, todo_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW,
-                                DIRECT, CH, BLOCK, RADIX_BITS, R, FIRST, STATS)
+                                DIRECT, CH, BLOCK, RADIX_BITS, R, FIRST, True, STATS)
 
 
 #: Launch config per GPU architecture (``sm90``, ``gfx942``...); architectures not listed
@@ -618,6 +645,7 @@ def ragged_topk(
     cap: int | None = None,
     sample_min: int = 0,
     sample_low_bit: int = 8,
+    sample_slack: float = SAMPLE_SLACK,
     stats: torch.Tensor | None = None,
 ) -> None:
     """Per-row top-k of a logits block, reading each row's window only.
@@ -663,6 +691,9 @@ def ragged_topk(
         sample_min: Rows longer than ``tile`` but shorter than this take the plain road.
         sample_low_bit: Bits of the sample threshold's key left 0 (0-24): fewer counting
             steps for a slightly lower, still safe, threshold.
+        sample_slack: The sample threshold's search ends once at most ``rank * (1 +
+            sample_slack)`` sampled keys reach it (``rank``: the depth ``sigmas`` sets):
+            fewer counting steps, a few more candidates (``>= 0``).
         stats: Optional int32 ``[4]`` on the logits' device; the kernel adds each row to
             one counter (``STAT_SHORT``, ``STAT_SAMPLED``, ``STAT_PLAIN``, ``STAT_DIRECT``).
 
@@ -720,6 +751,8 @@ def ragged_topk(
         raise ValueError(f"prefetch must be 1, 2 or 3, got {prefetch!r}")
     if not 0 <= sample_low_bit <= 24:
         raise ValueError(f"sample_low_bit must be in [0, 24], got {sample_low_bit}")
+    if not sample_slack >= 0:
+        raise ValueError(f"sample_slack must be >= 0, got {sample_slack}")
     if not sigmas > 0:
         raise ValueError(f"sigmas must be positive, got {sigmas}")
     if cap < topk:
@@ -758,14 +791,15 @@ def ragged_topk(
             torch.zeros(1, dtype=torch.int32, device=device) if dynamic else lens,
             rows, logits.stride(0), out.stride(0), sample_min,
             BW=filter_block // num_warps, NP=pieces, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
+            SLACK=float(sample_slack),
             LOW_BIT=sample_low_bit, BALLOT=bool(ballot), DEPTH=prefetch, DYNAMIC=bool(dynamic), FUSED=bool(fused),
             STW=tile // num_warps, CH=tile if tile_write else min(1024, tile), num_warps=num_warps, **common,
             **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}),
         )
         # first select launch (unless fused into the filter): tiles of `tile` slots; then the
-        # rows whose lists did not fit, with tiles of `cap`
+        # rows whose lists did not fit, with tiles of `cap` (and, fused, the plain road's)
         for first, slots in ((True, tile), (False, cap)):
-            if (first and fused) or (not first and slots == tile):
+            if (first and fused) or (not first and slots == tile and not fused):
                 continue
             _select_kernel[(rows if first else triton.cdiv(rows, SECOND_ROWS),)](
                 logits, starts, lens, out, cand32, counts, thr, todo, stats_arg,
