@@ -16,16 +16,17 @@ places its keys with a ballot and a popcount (inline PTX), so the pass needs no 
 scan; elsewhere (AMD, the CPU interpreter) a per-warp-row ``tl.cumsum`` does the same. If
 fewer than k keys pass, the pass runs once more with a sample threshold twice as deep.
 
-*Select* (one program per row; the second launch, below, a few rows per program). The
-candidates (or the whole row, when it fits the tile) sit in registers; the k-th key is
-found by a bit-by-bit search on counts (``count(key >= x) >= k``), each step one compare
-per key and one block reduction, in the bits where the threshold and the largest candidate
-differ. Ties at the k-th key go to the lowest columns (a second search on the columns of
+*Select* (one program per row). The candidates (or the whole row, when it fits the tile)
+sit in registers; the k-th key is found by a bit-by-bit search on counts (``count(key >=
+x) >= k``), each step one compare per key and one block reduction, in the bits where the
+threshold and the largest candidate differ, ending early once exactly k keys reach the
+bound. Ties at the k-th key go to the lowest columns (a second search on the columns of
 the tied keys), the rule of the torch path, so both select the same set. A row whose
-per-warp lists overflow the first tile goes to a second launch with a tile as large as the
-lists (``SECOND_ROWS`` rows a program, which leaves at once when none of its rows is
-marked). (``fused=True`` runs the first select inside the filter kernel instead; on an
-H200 that measured slower: it needs twice the registers.)
+per-warp lists overflow the first tile is queued for a second launch with a tile as large
+as the lists (one program an SM pulling rows from the queue: a launch with an empty queue
+costs a load a program). (``fused=True`` runs the first select inside the filter kernel
+instead, leaving ties at the k-th key and the plain road to the second launch; on an H200
+it measured slower.)
 
 Rows the sampled road cannot serve (still too few candidates, or more than a list holds:
 a huge tie at ``t``) take the plain road: a radix select over the whole row, ``radix_bits``
@@ -63,10 +64,6 @@ RADIX_BITS = 4
 #: selected from sampled candidates, rows that took the plain radix select, rows selected
 #: on the row itself (longer than k, within the select tile).
 STAT_SHORT, STAT_SAMPLED, STAT_PLAIN, STAT_DIRECT = 0, 1, 2, 3
-#: Rows a program of the second select launch looks after (it serves the marked ones one
-#: after another: few, so that inputs where many rows overflow, heavy ties, keep most of the
-#: launch's parallelism; enough that a launch with nothing marked is a few hundred programs).
-SECOND_ROWS = 8
 
 if triton is not None:
 
@@ -314,8 +311,8 @@ if triton is not None:
 
     @triton.jit
     def _filter_kernel(
-        logits_ptr, starts_ptr, lengths_ptr, cand_ptr, cand32_ptr, cnt_ptr, thr_ptr, out_ptr, todo_ptr, stats_ptr,
-        next_ptr, rows, stride_lm, stride_om, sample_min,
+        logits_ptr, starts_ptr, lengths_ptr, cand_ptr, cand32_ptr, cnt_ptr, thr_ptr, out_ptr, ctl_ptr, stats_ptr,
+        rows, stride_lm, stride_om, sample_min,
         K: tl.constexpr,
         W: tl.constexpr,
         BW: tl.constexpr,
@@ -345,7 +342,7 @@ if triton is not None:
         ``WCAP``: then the list overflowed). ``FUSED``: the same program then selects the
         row's top k (:func:`_select_row`, first launch), so that one program's counting
         steps overlap the other programs' streaming on the SM. ``DYNAMIC``: a program takes
-        its next row from the counter ``next_ptr[0]`` (zeroed by the caller), so programs
+        its next row from the counter ``ctl[0]`` (zeroed by the caller), so programs
         that run end together and programs the SM could not hold at once find no row left;
         otherwise rows ``pid, pid + nprog, ...``."""
         pid = tl.program_id(0)
@@ -355,7 +352,7 @@ if triton is not None:
         pp = si // PIECE
         pj = si % PIECE
         if DYNAMIC:
-            row32 = tl.atomic_add(next_ptr, 1)
+            row32 = tl.atomic_add(ctl_ptr, 1)
         else:
             row32 = pid
         while row32 < rows:
@@ -385,20 +382,25 @@ if triton is not None:
             if FUSED:
                 # one thread stored the threshold; every thread of the select reads it
                 tl.debug_barrier()
-                _select_row(row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, todo_ptr,
+                _select_row(row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr,
                             stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW, DIRECT, CH, BLOCK,
                             RADIX_BITS, R, True, False, STATS)
                 # the next row's candidates and counts are other slots, but the tile's
                 # scratch for reductions is shared: keep the rows apart
                 tl.debug_barrier()
             if DYNAMIC:
-                row32 = tl.atomic_add(next_ptr, 1)
+                row32 = tl.atomic_add(ctl_ptr, 1)
             else:
                 row32 += nprog
 
     @triton.jit
+    def _defer(ctl_ptr, row):
+        # queue a row for the second select launch: ctl[1] rows queued, at ctl[3:]
+        tl.store(ctl_ptr + 3 + tl.atomic_add(ctl_ptr + 1, 1), row.to(tl.int32))
+
+    @triton.jit
     def _select_row(
-        row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, todo_ptr, stats_ptr,
+        row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, stats_ptr,
         stride_lm, stride_om, sample_min,
         K: tl.constexpr,
         KP: tl.constexpr,
@@ -415,10 +417,11 @@ if triton is not None:
         STATS: tl.constexpr,
     ):
         """The top k of one row (its candidates filtered already, if it is longer than
-        ``DIRECT``) with a tile of ``STW`` slots a list. A first launch (``FIRST``) marks in
-        ``todo`` the rows whose lists do not fit the tile, for a later one with a tile as
-        large as the lists; without ``PLAIN`` it leaves the plain road's rows and rows tied
-        at the k-th key to that launch too (for the fused filter kernel's registers)."""
+        ``DIRECT``) with a tile of ``STW`` slots a list. A first launch (``FIRST``) queues
+        (:func:`_defer`) the rows whose lists do not fit the tile, for a later one with a
+        tile as large as the lists; without ``PLAIN`` it leaves the plain road's rows and
+        rows tied at the k-th key to that launch too (for the fused filter kernel's
+        registers)."""
         base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
         obase = out_ptr + row * stride_om
         CAP: tl.constexpr = W * WCAP
@@ -427,8 +430,6 @@ if triton is not None:
         if length <= K:
             kk = tl.arange(0, KP)
             tl.store(obase + kk, tl.where(kk < length, kk, -1), mask=kk < K)
-            if FIRST:
-                tl.store(todo_ptr + row, 0)
             if STATS:
                 tl.atomic_add(stats_ptr + 0, 1)
         else:
@@ -448,7 +449,8 @@ if triton is not None:
                 keys = tl.where(valid, _skey(v.to(tl.float32, bitcast=True)), -2147483648)
                 lo = tl.load(thr_ptr + row)
             if FIRST:
-                tl.store(todo_ptr + row, ((road == 2) | ((road == 1) & (not PLAIN))).to(tl.int32))
+                if (road == 2) | ((road == 1) & (not PLAIN)):
+                    _defer(ctl_ptr, row)
             if road == 0:
                 kth = _search(keys, K, lo, tl.max(keys, axis=0), K, 0)
                 gt = keys > kth
@@ -462,7 +464,7 @@ if triton is not None:
                     # search's registers would count against the fused filter kernel
                     go = ties <= need
                     if tied:
-                        tl.store(todo_ptr + row, 1)
+                        _defer(ctl_ptr, row)
                 if go:
                     colth = tl.full((), 2147483647, tl.int32)
                     sel = gt | eq
@@ -513,8 +515,8 @@ if triton is not None:
 
     @triton.jit
     def _select_kernel(
-        logits_ptr, starts_ptr, lengths_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, todo_ptr, stats_ptr,
-        rows, stride_lm, stride_om, sample_min,
+        logits_ptr, starts_ptr, lengths_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, stats_ptr,
+        stride_lm, stride_om, sample_min,
         K: tl.constexpr,
         KP: tl.constexpr,
         W: tl.constexpr,
@@ -526,30 +528,26 @@ if triton is not None:
         RADIX_BITS: tl.constexpr,
         R: tl.constexpr,
         FIRST: tl.constexpr,
-        RB: tl.constexpr,
         STATS: tl.constexpr,
     ):
-        """``FIRST``: one row a program, every row. Otherwise ``RB`` rows a program, those a
-        first launch marked in ``todo``: a program none of whose rows is marked (nearly all of
-        them) leaves after one load, so the launch costs little when no list overflowed."""
-        NR: tl.constexpr = 1 if FIRST else RB
-        r0 = tl.program_id(0).to(tl.int64) * NR
+        """``FIRST``: one row a program, every row. Otherwise the rows a first launch queued
+        (``ctl[1]`` of them at ``ctl[3:]``): program ``p`` takes entry ``p``, then pulls
+        more from the counter ``ctl[2]`` (zeroed by the caller); with an empty queue every
+        program leaves after one load."""
+        pid = tl.program_id(0)
         if FIRST:
-            marked = tl.full((), 1, tl.int32)
+            _select_row(pid.to(tl.int64), tl.load(lengths_ptr + pid), logits_ptr, starts_ptr, out_ptr, cand32_ptr,
+                        cnt_ptr, thr_ptr, ctl_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW,
+                        DIRECT, CH, BLOCK, RADIX_BITS, R, True, True, STATS)
         else:
-            offs = r0 + tl.arange(0, NR)
-            marked = tl.max(tl.load(todo_ptr + offs, mask=offs < rows, other=0), axis=0)
-        if marked != 0:
-            for j in range(0, NR):
-                row = r0 + j
-                if FIRST:
-                    go = True  # the grid has one program a row
-                else:
-                    go = (row < rows) & (tl.load(todo_ptr + row, mask=row < rows, other=0) != 0)
-                if go:
-                    _select_row(row, tl.load(lengths_ptr + row), logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr,
-                                thr_ptr, todo_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW,
-                                DIRECT, CH, BLOCK, RADIX_BITS, R, FIRST, True, STATS)
+            queued = tl.load(ctl_ptr + 1)
+            i = pid
+            while i < queued:
+                row = tl.load(ctl_ptr + 3 + i).to(tl.int64)
+                _select_row(row, tl.load(lengths_ptr + row), logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr,
+                            thr_ptr, ctl_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW,
+                            DIRECT, CH, BLOCK, RADIX_BITS, R, False, True, STATS)
+                i = tl.num_programs(0) + tl.atomic_add(ctl_ptr + 2, 1)
 
 
 #: Launch config per GPU architecture (``sm90``, ``gfx942``...); architectures not listed
@@ -779,7 +777,9 @@ def ragged_topk(
     cand = torch.empty(rows, cap, dtype=torch.int64, device=device)
     counts = torch.empty(rows, num_warps, dtype=torch.int32, device=device)
     thr = torch.empty(rows, dtype=torch.int32, device=device)
-    todo = torch.empty(rows, dtype=torch.int32, device=device)
+    # ctl: [0] the filter's next row (dynamic), [1] rows queued for the second select
+    # launch, [2] its next entry, [3:] the queue
+    ctl = torch.zeros(rows + 3, dtype=torch.int32, device=device)
     wcap = cap // num_warps
     stats_arg = stats if stats is not None else lens
     cand32 = cand.view(torch.int32)
@@ -787,8 +787,7 @@ def ragged_topk(
                   RADIX_BITS=radix_bits, R=1 << radix_bits, STATS=stats is not None)
     with device_guard(logits):
         _filter_kernel[(_programs(device, rows, programs_per_sm),)](
-            logits, starts, lens, cand, cand32, counts, thr, out, todo, stats_arg,
-            torch.zeros(1, dtype=torch.int32, device=device) if dynamic else lens,
+            logits, starts, lens, cand, cand32, counts, thr, out, ctl, stats_arg,
             rows, logits.stride(0), out.stride(0), sample_min,
             BW=filter_block // num_warps, NP=pieces, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
             SLACK=float(sample_slack),
@@ -801,10 +800,10 @@ def ragged_topk(
         for first, slots in ((True, tile), (False, cap)):
             if (first and fused) or (not first and slots == tile and not fused):
                 continue
-            _select_kernel[(rows if first else triton.cdiv(rows, SECOND_ROWS),)](
-                logits, starts, lens, out, cand32, counts, thr, todo, stats_arg,
-                rows, logits.stride(0), out.stride(0), sample_min,
+            _select_kernel[(rows if first else _programs(device, rows, 1),)](
+                logits, starts, lens, out, cand32, counts, thr, ctl, stats_arg,
+                logits.stride(0), out.stride(0), sample_min,
                 STW=slots // num_warps, CH=slots if tile_write and first else min(1024, slots), FIRST=first,
-                RB=SECOND_ROWS, num_warps=select_warps if first else max(select_warps, min(16, slots // 1024)),
+                num_warps=select_warps if first else max(select_warps, min(16, slots // 1024)),
                 **common, **(dict(maxnreg=select_maxnreg) if first and select_maxnreg else {}),
             )
