@@ -103,7 +103,7 @@ def test_special_values_order_like_floats(road):
 def _one_row_args(topk):
     # starts, lengths, topk, out for a one-row, 10-key block, all on the test's device (a
     # bad option must be what is refused, not a stray CPU tensor)
-    return (torch.zeros(1, device=DEVICE), torch.full((1,), 10, device=DEVICE), topk,
+    return (torch.zeros(1, dtype=torch.int64, device=DEVICE), torch.full((1,), 10, device=DEVICE), topk,
             torch.empty(1, topk, dtype=torch.int32, device=DEVICE))
 
 
@@ -393,10 +393,12 @@ def test_small_topk_runs_with_the_default_launch_options(topk):
 
 
 @pytest.mark.parametrize("case,match", [("topk", "topk"), ("out_shape", "out"), ("out_dtype", "out"),
-                                        ("logits_dtype", "logits"), ("lengths", "lengths"), ("stats", "stats")])
+                                        ("logits_dtype", "logits"), ("lengths", "lengths"), ("stats", "stats"),
+                                        ("starts_dtype", "starts_rel"), ("lengths_device", "lengths")])
 def test_bad_arguments_are_refused_before_any_kernel(case, match):
     logits = torch.randn(3, 40, device=DEVICE)
-    starts, lengths = torch.zeros(3, dtype=torch.int64), torch.full((3,), 40, dtype=torch.int64)
+    starts = torch.zeros(3, dtype=torch.int64, device=DEVICE)
+    lengths = torch.full((3,), 40, dtype=torch.int64, device=DEVICE)
     out = torch.full((3, 8), 7, dtype=torch.int32, device=DEVICE)
     kw = dict(logits=logits, starts_rel=starts, lengths=lengths, topk=8, out=out)
     if case == "topk":
@@ -409,8 +411,27 @@ def test_bad_arguments_are_refused_before_any_kernel(case, match):
         kw.update(logits=logits.double())
     elif case == "lengths":
         kw.update(lengths=lengths[:2])
+    elif case == "starts_dtype":
+        kw.update(starts_rel=starts.float())
+    elif case == "lengths_device":
+        # on the CPU: a device the logits are not on (meta); on a GPU: the CPU
+        kw.update(lengths=lengths.to("meta" if DEVICE == "cpu" else "cpu"))
     else:
         kw.update(stats=torch.zeros(3, dtype=torch.int32, device=DEVICE))
     with pytest.raises(ValueError, match=match):
         T.ragged_topk(**kw)
     assert (kw["out"] == 7).all()  # left untouched
+
+
+@pytest.mark.parametrize("form", ["int32", "int64", "strided"])
+def test_starts_and_lengths_of_either_width_or_strided(form):
+    # int32 and int64 are loaded as they come; a strided view is copied to int32 first
+    logits, masked, starts, lengths = _case(8, 900, 24, seed=51, pad=3, min_length=100)
+    if form == "int32":
+        starts, lengths = starts.int(), lengths.int()
+    elif form == "strided":
+        starts = torch.stack([starts, starts], 1)[:, 0]
+        lengths = torch.stack([lengths, lengths], 1)[:, 1]
+        assert starts.stride(0) == 2 and lengths.stride(0) == 2
+    stats = _check(logits, masked, starts, lengths, 24, cap=256, **SMALL_ROAD)
+    assert stats[T.STAT_SAMPLED] >= 5, stats

@@ -357,7 +357,7 @@ if triton is not None:
             row32 = pid
         while row32 < rows:
             row = row32 + tl.zeros((), tl.int64)  # 64-bit offsets (an int under the interpreter)
-            length = tl.load(lengths_ptr + row)
+            length = tl.load(lengths_ptr + row).to(tl.int32)
             if (length > DIRECT) & (length >= sample_min):
                 base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
                 cand = cand_ptr + row * CAP
@@ -536,16 +536,16 @@ if triton is not None:
         program leaves after one load."""
         pid = tl.program_id(0)
         if FIRST:
-            _select_row(pid.to(tl.int64), tl.load(lengths_ptr + pid), logits_ptr, starts_ptr, out_ptr, cand32_ptr,
-                        cnt_ptr, thr_ptr, ctl_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW,
-                        DIRECT, CH, BLOCK, RADIX_BITS, R, True, True, STATS)
+            _select_row(pid.to(tl.int64), tl.load(lengths_ptr + pid).to(tl.int32), logits_ptr, starts_ptr, out_ptr,
+                        cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W,
+                        WCAP, STW, DIRECT, CH, BLOCK, RADIX_BITS, R, True, True, STATS)
         else:
             queued = tl.load(ctl_ptr + 1)
             i = pid
             while i < queued:
                 row = tl.load(ctl_ptr + 3 + i).to(tl.int64)
-                _select_row(row, tl.load(lengths_ptr + row), logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr,
-                            thr_ptr, ctl_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW,
+                _select_row(row, tl.load(lengths_ptr + row).to(tl.int32), logits_ptr, starts_ptr, out_ptr, cand32_ptr,
+                            cnt_ptr, thr_ptr, ctl_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW,
                             DIRECT, CH, BLOCK, RADIX_BITS, R, False, True, STATS)
                 i = tl.num_programs(0) + tl.atomic_add(ctl_ptr + 2, 1)
 
@@ -599,11 +599,22 @@ def _pow2(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _programs(device: torch.device, rows: int, per_sm: int) -> int:
     if device.type == "cuda":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        return max(1, min(rows, sms * per_sm))
+        return max(1, min(rows, _sm_count(device) * per_sm))
     return max(1, min(rows, 4))  # Triton's interpreter runs programs one by one
+
+
+def _index_vector(x: torch.Tensor) -> torch.Tensor:
+    # int32 or int64 with unit stride as it is; anything else as contiguous int32
+    if x.dtype in (torch.int32, torch.int64) and x.dim() == 1 and x.stride(0) == 1:
+        return x
+    return x.reshape(-1).to(torch.int32).contiguous()
 
 
 def _nvidia(device: torch.device) -> bool:
@@ -711,6 +722,9 @@ def ragged_topk(
     if starts_rel.numel() != rows or lengths.numel() != rows:
         raise ValueError(f"starts_rel and lengths need {rows} entries (one a row), got {starts_rel.numel()} "
                          f"and {lengths.numel()}")
+    for name, x in (("starts_rel", starts_rel), ("lengths", lengths)):
+        if x.device != logits.device or x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+            raise ValueError(f"{name} must be an integer tensor on {logits.device}, got {x.dtype} on {x.device}")
     if logits.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError("logits and out need column stride 1")
     if stats is not None and (stats.numel() < 4 or stats.dtype != torch.int32 or stats.device != logits.device):
@@ -772,14 +786,17 @@ def ragged_topk(
     ballot = _ballot_ok(device, num_warps, filter_block) if ballot is None else ballot
     if rows == 0:
         return
-    starts = starts_rel.to(torch.int32).contiguous()
-    lens = lengths.to(torch.int32).contiguous()
+    # int32 or int64 as they come (the kernels load either): no conversion launches
+    starts = _index_vector(starts_rel)
+    lens = _index_vector(lengths)
     cand = torch.empty(rows, cap, dtype=torch.int64, device=device)
-    counts = torch.empty(rows, num_warps, dtype=torch.int32, device=device)
-    thr = torch.empty(rows, dtype=torch.int32, device=device)
-    # ctl: [0] the filter's next row (dynamic), [1] rows queued for the second select
-    # launch, [2] its next entry, [3:] the queue
-    ctl = torch.zeros(rows + 3, dtype=torch.int32, device=device)
+    # one zeroed int32 block (one allocation, one fill): the per-list counts, the
+    # thresholds, then ctl: [0] the filter's next row (dynamic), [1] rows queued for the
+    # second select launch, [2] its next entry, [3:] the queue
+    scratch = torch.zeros(rows * (num_warps + 2) + 3, dtype=torch.int32, device=device)
+    counts = scratch[: rows * num_warps].view(rows, num_warps)
+    thr = scratch[rows * num_warps: rows * (num_warps + 1)]
+    ctl = scratch[rows * (num_warps + 1):]
     wcap = cap // num_warps
     stats_arg = stats if stats is not None else lens
     cand32 = cand.view(torch.int32)
