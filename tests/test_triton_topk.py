@@ -435,3 +435,17 @@ def test_starts_and_lengths_of_either_width_or_strided(form):
         assert starts.stride(0) == 2 and lengths.stride(0) == 2
     stats = _check(logits, masked, starts, lengths, 24, cap=256, **SMALL_ROAD)
     assert stats[T.STAT_SAMPLED] >= 5, stats
+
+
+def test_launch_config_changes_reach_a_call_shape_seen_before(monkeypatch):
+    # the checked options are cached per call shape, the launch config included: a config
+    # changed after a call (bench topk --tune installs one) applies to the next same call
+    logits, masked, starts, lengths = _case(4, 300, 8, seed=53, pad=1)
+    _check(logits, masked, starts, lengths, 8)
+    key = T._arch(torch.device(DEVICE)) if DEVICE == "cuda" else None
+    if key is None:
+        monkeypatch.setitem(T.DEFAULT_CONFIG, "prefetch", 7)
+    else:
+        monkeypatch.setitem(T.TOPK_CONFIGS, key, dict(T.TOPK_CONFIGS.get(key, {}), prefetch=7))
+    with pytest.raises(ValueError, match="prefetch"):
+        _check(logits, masked, starts, lengths, 8)

@@ -626,6 +626,90 @@ def _ballot_ok(device: torch.device, num_warps: int, filter_block: int) -> bool:
     return _nvidia(device) and filter_block == num_warps * 128
 
 
+@functools.lru_cache(maxsize=256)
+def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_block, num_warps, programs_per_sm,
+          select_warps, tile, ballot, fused, prefetch, tile_write, filter_maxnreg, select_maxnreg, dynamic,
+          radix_bits, pieces, piece, sparse, sigmas, cap, sample_low_bit, sample_slack, has_stats) -> tuple:
+    """:func:`ragged_topk`'s options (``cfg``: :func:`launch_config`'s items) checked and
+    turned into its launches' arguments, once per distinct call shape: ``(programs_per_sm,
+    num_warps, cap, filter kernel keywords, ((first, select kernel keywords), ...))``.
+
+    Raises:
+        ValueError: an option out of range, named.
+    """
+    cfg = dict(cfg)
+    block = cfg["block"] if block is None else block
+    filter_block = cfg["filter_block"] if filter_block is None else filter_block
+    num_warps = cfg["num_warps"] if num_warps is None else num_warps
+    programs_per_sm = cfg["programs_per_sm"] if programs_per_sm is None else programs_per_sm
+    select_warps = cfg["select_warps"] if select_warps is None else select_warps
+    fused = cfg["fused"] if fused is None else fused
+    prefetch = cfg["prefetch"] if prefetch is None else prefetch
+    tile_write = cfg["tile_write"] if tile_write is None else tile_write
+    filter_maxnreg = cfg["filter_maxnreg"] if filter_maxnreg is None else filter_maxnreg
+    select_maxnreg = cfg["select_maxnreg"] if select_maxnreg is None else select_maxnreg
+    dynamic = cfg["dynamic"] if dynamic is None else dynamic
+    cap = default_cap(topk) if cap is None else cap
+    tile = min(max(_next_pow2(2 * topk), num_warps), cap) if tile is None else tile
+    pieces = PIECES if pieces is None else pieces
+    if radix_bits not in (1, 2, 4, 8):
+        raise ValueError(f"radix_bits must be 1, 2, 4 or 8, got {radix_bits}")
+    for name, value in (("block", block), ("filter_block", filter_block), ("num_warps", num_warps),
+                        ("select_warps", select_warps), ("cap", cap), ("tile", tile), ("pieces", pieces),
+                        ("piece", piece)):
+        if not _pow2(value):
+            raise ValueError(f"{name} must be a power of two, got {value}")
+    for name, value in (("sparse", sparse), ("programs_per_sm", programs_per_sm)):
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    for name, value in (("filter_maxnreg", filter_maxnreg), ("select_maxnreg", select_maxnreg)):
+        if value is not None and not (_nvidia(device) and _int(value) and 24 <= value <= 255):
+            raise ValueError(f"{name} must be None, or an int in 24-255 on an NVIDIA GPU; got {value!r} on {device}")
+    if not (_int(prefetch) and prefetch in (1, 2, 3)):
+        raise ValueError(f"prefetch must be 1, 2 or 3, got {prefetch!r}")
+    if not 0 <= sample_low_bit <= 24:
+        raise ValueError(f"sample_low_bit must be in [0, 24], got {sample_low_bit}")
+    if not sample_slack >= 0:
+        raise ValueError(f"sample_slack must be >= 0, got {sample_slack}")
+    if not sigmas > 0:
+        raise ValueError(f"sigmas must be positive, got {sigmas}")
+    if cap < topk:
+        raise ValueError(f"cap={cap} must be at least topk={topk}")
+    # Triton tiles hold at most 2**20 elements (the second select launch's is `cap`)
+    for name, value in (("cap", cap), ("pieces * piece", pieces * piece), ("filter_block", filter_block),
+                        ("block", block)):
+        if value > 1 << 20:
+            raise ValueError(f"{name} must be at most 2**20, got {value} (topk={topk})")
+    # column offsets are int32: a row and the steps read past its end must stay below 2**31
+    if n + (prefetch + 1) * max(filter_block, block, tile) >= 1 << 31:
+        raise ValueError(f"logits rows of {n} keys are too long for int32 column offsets")
+    if not (num_warps <= min(filter_block, tile) and tile <= cap):
+        raise ValueError(f"need num_warps <= filter_block, num_warps <= tile <= cap; got num_warps={num_warps}, "
+                         f"filter_block={filter_block}, tile={tile}, cap={cap}")
+    if ballot and not _ballot_ok(device, num_warps, filter_block):
+        raise ValueError(f"ballot=True needs an NVIDIA GPU and filter_block == 128 * num_warps, got {device}, "
+                         f"filter_block={filter_block}, num_warps={num_warps}")
+    ballot = _ballot_ok(device, num_warps, filter_block) if ballot is None else ballot
+    common = dict(K=topk, KP=_next_pow2(topk), W=num_warps, WCAP=cap // num_warps, DIRECT=tile, BLOCK=block,
+                  RADIX_BITS=radix_bits, R=1 << radix_bits, STATS=has_stats)
+    filter_kw = dict(
+        BW=filter_block // num_warps, NP=pieces, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
+        SLACK=float(sample_slack), LOW_BIT=sample_low_bit, BALLOT=bool(ballot), DEPTH=prefetch,
+        DYNAMIC=bool(dynamic), FUSED=bool(fused), STW=tile // num_warps, CH=tile if tile_write else min(1024, tile),
+        num_warps=num_warps, **common, **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
+    # first select launch (unless fused into the filter): tiles of `tile` slots; then the
+    # rows whose lists did not fit, with tiles of `cap` (and, fused, the plain road's)
+    selects = []
+    for first, slots in ((True, tile), (False, cap)):
+        if (first and fused) or (not first and slots == tile and not fused):
+            continue
+        selects.append((first, dict(
+            STW=slots // num_warps, CH=slots if tile_write and first else min(1024, slots), FIRST=first,
+            num_warps=select_warps if first else max(select_warps, min(16, slots // 1024)),
+            **common, **(dict(maxnreg=select_maxnreg) if first and select_maxnreg else {}))))
+    return programs_per_sm, num_warps, cap, filter_kw, tuple(selects)
+
+
 def ragged_topk(
     logits: torch.Tensor,
     starts_rel: torch.Tensor,
@@ -731,59 +815,10 @@ def ragged_topk(
         raise ValueError(f"stats must be int32 with 4 entries on {logits.device}, got {stats.dtype} "
                          f"{list(stats.shape)} on {stats.device}")
     device = logits.device
-    cfg = launch_config(device)
-    block = cfg["block"] if block is None else block
-    filter_block = cfg["filter_block"] if filter_block is None else filter_block
-    num_warps = cfg["num_warps"] if num_warps is None else num_warps
-    programs_per_sm = cfg["programs_per_sm"] if programs_per_sm is None else programs_per_sm
-    select_warps = cfg["select_warps"] if select_warps is None else select_warps
-    fused = cfg["fused"] if fused is None else fused
-    prefetch = cfg["prefetch"] if prefetch is None else prefetch
-    tile_write = cfg["tile_write"] if tile_write is None else tile_write
-    filter_maxnreg = cfg["filter_maxnreg"] if filter_maxnreg is None else filter_maxnreg
-    select_maxnreg = cfg["select_maxnreg"] if select_maxnreg is None else select_maxnreg
-    dynamic = cfg["dynamic"] if dynamic is None else dynamic
-    cap = default_cap(topk) if cap is None else cap
-    tile = min(max(_next_pow2(2 * topk), num_warps), cap) if tile is None else tile
-    pieces = PIECES if pieces is None else pieces
-    if radix_bits not in (1, 2, 4, 8):
-        raise ValueError(f"radix_bits must be 1, 2, 4 or 8, got {radix_bits}")
-    for name, value in (("block", block), ("filter_block", filter_block), ("num_warps", num_warps),
-                        ("select_warps", select_warps), ("cap", cap), ("tile", tile), ("pieces", pieces),
-                        ("piece", piece)):
-        if not _pow2(value):
-            raise ValueError(f"{name} must be a power of two, got {value}")
-    for name, value in (("sparse", sparse), ("programs_per_sm", programs_per_sm)):
-        if value < 1:
-            raise ValueError(f"{name} must be at least 1, got {value}")
-    for name, value in (("filter_maxnreg", filter_maxnreg), ("select_maxnreg", select_maxnreg)):
-        if value is not None and not (_nvidia(device) and _int(value) and 24 <= value <= 255):
-            raise ValueError(f"{name} must be None, or an int in 24-255 on an NVIDIA GPU; got {value!r} on {device}")
-    if not (_int(prefetch) and prefetch in (1, 2, 3)):
-        raise ValueError(f"prefetch must be 1, 2 or 3, got {prefetch!r}")
-    if not 0 <= sample_low_bit <= 24:
-        raise ValueError(f"sample_low_bit must be in [0, 24], got {sample_low_bit}")
-    if not sample_slack >= 0:
-        raise ValueError(f"sample_slack must be >= 0, got {sample_slack}")
-    if not sigmas > 0:
-        raise ValueError(f"sigmas must be positive, got {sigmas}")
-    if cap < topk:
-        raise ValueError(f"cap={cap} must be at least topk={topk}")
-    # Triton tiles hold at most 2**20 elements (the second select launch's is `cap`)
-    for name, value in (("cap", cap), ("pieces * piece", pieces * piece), ("filter_block", filter_block),
-                        ("block", block)):
-        if value > 1 << 20:
-            raise ValueError(f"{name} must be at most 2**20, got {value} (topk={topk})")
-    # column offsets are int32: a row and the steps read past its end must stay below 2**31
-    if n + (prefetch + 1) * max(filter_block, block, tile) >= 1 << 31:
-        raise ValueError(f"logits rows of {n} keys are too long for int32 column offsets")
-    if not (num_warps <= min(filter_block, tile) and tile <= cap):
-        raise ValueError(f"need num_warps <= filter_block, num_warps <= tile <= cap; got num_warps={num_warps}, "
-                         f"filter_block={filter_block}, tile={tile}, cap={cap}")
-    if ballot and not _ballot_ok(device, num_warps, filter_block):
-        raise ValueError(f"ballot=True needs an NVIDIA GPU and filter_block == 128 * num_warps, got {device}, "
-                         f"filter_block={filter_block}, num_warps={num_warps}")
-    ballot = _ballot_ok(device, num_warps, filter_block) if ballot is None else ballot
+    programs_per_sm, num_warps, cap, filter_kw, selects = _plan(
+        device, tuple(launch_config(device).items()), topk, n, block, filter_block, num_warps, programs_per_sm,
+        select_warps, tile, ballot, fused, prefetch, tile_write, filter_maxnreg, select_maxnreg, dynamic, radix_bits,
+        pieces, piece, sparse, sigmas, cap, sample_low_bit, sample_slack, stats is not None)
     if rows == 0:
         return
     # int32 or int64 as they come (the kernels load either): no conversion launches
@@ -797,30 +832,13 @@ def ragged_topk(
     counts = scratch[: rows * num_warps].view(rows, num_warps)
     thr = scratch[rows * num_warps: rows * (num_warps + 1)]
     ctl = scratch[rows * (num_warps + 1):]
-    wcap = cap // num_warps
     stats_arg = stats if stats is not None else lens
     cand32 = cand.view(torch.int32)
-    common = dict(K=topk, KP=_next_pow2(topk), W=num_warps, WCAP=wcap, DIRECT=tile, BLOCK=block,
-                  RADIX_BITS=radix_bits, R=1 << radix_bits, STATS=stats is not None)
     with device_guard(logits):
         _filter_kernel[(_programs(device, rows, programs_per_sm),)](
             logits, starts, lens, cand, cand32, counts, thr, out, ctl, stats_arg,
-            rows, logits.stride(0), out.stride(0), sample_min,
-            BW=filter_block // num_warps, NP=pieces, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
-            SLACK=float(sample_slack),
-            LOW_BIT=sample_low_bit, BALLOT=bool(ballot), DEPTH=prefetch, DYNAMIC=bool(dynamic), FUSED=bool(fused),
-            STW=tile // num_warps, CH=tile if tile_write else min(1024, tile), num_warps=num_warps, **common,
-            **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}),
-        )
-        # first select launch (unless fused into the filter): tiles of `tile` slots; then the
-        # rows whose lists did not fit, with tiles of `cap` (and, fused, the plain road's)
-        for first, slots in ((True, tile), (False, cap)):
-            if (first and fused) or (not first and slots == tile and not fused):
-                continue
+            rows, logits.stride(0), out.stride(0), sample_min, **filter_kw)
+        for first, kw in selects:
             _select_kernel[(rows if first else _programs(device, rows, 1),)](
                 logits, starts, lens, out, cand32, counts, thr, ctl, stats_arg,
-                logits.stride(0), out.stride(0), sample_min,
-                STW=slots // num_warps, CH=slots if tile_write and first else min(1024, slots), FIRST=first,
-                num_warps=select_warps if first else max(select_warps, min(16, slots // 1024)),
-                **common, **(dict(maxnreg=select_maxnreg) if first and select_maxnreg else {}),
-            )
+                logits.stride(0), out.stride(0), sample_min, **kw)
