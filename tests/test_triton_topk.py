@@ -449,3 +449,13 @@ def test_launch_config_changes_reach_a_call_shape_seen_before(monkeypatch):
         monkeypatch.setitem(T.TOPK_CONFIGS, key, dict(T.TOPK_CONFIGS.get(key, {}), prefetch=7))
     with pytest.raises(ValueError, match="prefetch"):
         _check(logits, masked, starts, lengths, 8)
+
+
+@pytest.mark.parametrize("bad", [2.0, True])
+def test_a_float_or_bool_option_is_refused_after_its_int_twin_ran(bad):
+    # the per-call-shape cache of checked options must not take 2.0 or True for 2 or 1
+    logits, masked, starts, lengths = _case(4, 300, 8, seed=55, pad=1)
+    good = 1 if bad is True else 2
+    _check(logits, masked, starts, lengths, 8, prefetch=good)
+    with pytest.raises(ValueError, match="prefetch"):
+        _check(logits, masked, starts, lengths, 8, prefetch=bad)

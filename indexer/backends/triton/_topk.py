@@ -535,6 +535,7 @@ if triton is not None:
         more from the counter ``ctl[2]`` (zeroed by the caller); with an empty queue every
         program leaves after one load."""
         pid = tl.program_id(0)
+        # two call sites: the first launch as a one-row loop took 31 more registers (ptxas, sm_90a)
         if FIRST:
             _select_row(pid.to(tl.int64), tl.load(lengths_ptr + pid).to(tl.int32), logits_ptr, starts_ptr, out_ptr,
                         cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W,
@@ -626,7 +627,8 @@ def _ballot_ok(device: torch.device, num_warps: int, filter_block: int) -> bool:
     return _nvidia(device) and filter_block == num_warps * 128
 
 
-@functools.lru_cache(maxsize=256)
+# typed: 2 and 2.0, 1 and True are different keys (a float or bool option must still be refused)
+@functools.lru_cache(maxsize=256, typed=True)
 def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_block, num_warps, programs_per_sm,
           select_warps, tile, ballot, fused, prefetch, tile_write, filter_maxnreg, select_maxnreg, dynamic,
           radix_bits, pieces, piece, sparse, sigmas, cap, sample_low_bit, sample_slack, has_stats) -> tuple:
