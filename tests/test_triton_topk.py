@@ -170,7 +170,9 @@ def test_nans_rank_above_everything_like_torch_topk():
                                       (dict(sigmas=0), "sigmas"), (dict(ballot=True, filter_block=64), "ballot"),
                                       (dict(sample_low_bit=25), "sample_low_bit"),
                                       (dict(prefetch=4), "prefetch"), (dict(prefetch=2.0), "prefetch"),
-                                      (dict(prefetch=True), "prefetch")])
+                                      (dict(prefetch=True), "prefetch"), (dict(sample_slack=-0.5), "sample_slack"),
+                                      (dict(sample_slack=float("inf")), "sample_slack"),
+                                      (dict(sample_slack=float("nan")), "sample_slack")])
 def test_bad_launch_options_are_refused(kw, match):
     logits = torch.zeros(1, 10, device=DEVICE)
     with pytest.raises(ValueError, match=match):
@@ -451,11 +453,25 @@ def test_launch_config_changes_reach_a_call_shape_seen_before(monkeypatch):
         _check(logits, masked, starts, lengths, 8)
 
 
+@pytest.mark.parametrize("where", ["argument", "config"])
 @pytest.mark.parametrize("bad", [2.0, True])
-def test_a_float_or_bool_option_is_refused_after_its_int_twin_ran(bad):
-    # the per-call-shape cache of checked options must not take 2.0 or True for 2 or 1
+def test_a_float_or_bool_option_is_refused_after_its_int_twin_ran(bad, where, monkeypatch):
+    # the per-call-shape cache of checked options must not take 2.0 or True for 2 or 1,
+    # given as an argument or in the launch config
     logits, masked, starts, lengths = _case(4, 300, 8, seed=55, pad=1)
     good = 1 if bad is True else 2
-    _check(logits, masked, starts, lengths, 8, prefetch=good)
-    with pytest.raises(ValueError, match="prefetch"):
-        _check(logits, masked, starts, lengths, 8, prefetch=bad)
+    config = T.DEFAULT_CONFIG
+    if DEVICE == "cuda":
+        key = T._arch(torch.device(DEVICE))
+        monkeypatch.setitem(T.TOPK_CONFIGS, key, dict(T.TOPK_CONFIGS.get(key, {})))
+        config = T.TOPK_CONFIGS[key]
+    if where == "argument":
+        _check(logits, masked, starts, lengths, 8, prefetch=good)
+        with pytest.raises(ValueError, match="prefetch"):
+            _check(logits, masked, starts, lengths, 8, prefetch=bad)
+    else:
+        monkeypatch.setitem(config, "prefetch", good)
+        _check(logits, masked, starts, lengths, 8)
+        monkeypatch.setitem(config, "prefetch", bad)
+        with pytest.raises(ValueError, match="prefetch"):
+            _check(logits, masked, starts, lengths, 8)

@@ -632,14 +632,15 @@ def _ballot_ok(device: torch.device, num_warps: int, filter_block: int) -> bool:
 def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_block, num_warps, programs_per_sm,
           select_warps, tile, ballot, fused, prefetch, tile_write, filter_maxnreg, select_maxnreg, dynamic,
           radix_bits, pieces, piece, sparse, sigmas, cap, sample_low_bit, sample_slack, has_stats) -> tuple:
-    """:func:`ragged_topk`'s options (``cfg``: :func:`launch_config`'s items) checked and
+    """:func:`ragged_topk`'s options (``cfg``: :func:`launch_config`'s items as (key, type,
+    value), so that a config value of 2.0 or True is not taken for 2 or 1) checked and
     turned into its launches' arguments, once per distinct call shape: ``(programs_per_sm,
     num_warps, cap, filter kernel keywords, ((first, select kernel keywords), ...))``.
 
     Raises:
         ValueError: an option out of range, named.
     """
-    cfg = dict(cfg)
+    cfg = {key: value for key, _, value in cfg}
     block = cfg["block"] if block is None else block
     filter_block = cfg["filter_block"] if filter_block is None else filter_block
     num_warps = cfg["num_warps"] if num_warps is None else num_warps
@@ -671,8 +672,10 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
         raise ValueError(f"prefetch must be 1, 2 or 3, got {prefetch!r}")
     if not 0 <= sample_low_bit <= 24:
         raise ValueError(f"sample_low_bit must be in [0, 24], got {sample_low_bit}")
-    if not sample_slack >= 0:
-        raise ValueError(f"sample_slack must be >= 0, got {sample_slack}")
+    # (at most 64: the search's stop, rank * (1 + slack), must fit an int32 for samples
+    # of up to 2**20 keys)
+    if not 0 <= sample_slack <= 64:
+        raise ValueError(f"sample_slack must be in [0, 64], got {sample_slack}")
     if not sigmas > 0:
         raise ValueError(f"sigmas must be positive, got {sigmas}")
     if cap < topk:
@@ -788,7 +791,7 @@ def ragged_topk(
             steps for a slightly lower, still safe, threshold.
         sample_slack: The sample threshold's search ends once at most ``rank * (1 +
             sample_slack)`` sampled keys reach it (``rank``: the depth ``sigmas`` sets):
-            fewer counting steps, a few more candidates (``>= 0``).
+            fewer counting steps, a few more candidates (0 to 64).
         stats: Optional int32 ``[4]`` on the logits' device; the kernel adds each row to
             one counter (``STAT_SHORT``, ``STAT_SAMPLED``, ``STAT_PLAIN``, ``STAT_DIRECT``).
 
@@ -817,10 +820,11 @@ def ragged_topk(
         raise ValueError(f"stats must be int32 with 4 entries on {logits.device}, got {stats.dtype} "
                          f"{list(stats.shape)} on {stats.device}")
     device = logits.device
+    cfg = tuple((key, type(value), value) for key, value in launch_config(device).items())
     programs_per_sm, num_warps, cap, filter_kw, selects = _plan(
-        device, tuple(launch_config(device).items()), topk, n, block, filter_block, num_warps, programs_per_sm,
-        select_warps, tile, ballot, fused, prefetch, tile_write, filter_maxnreg, select_maxnreg, dynamic, radix_bits,
-        pieces, piece, sparse, sigmas, cap, sample_low_bit, sample_slack, stats is not None)
+        device, cfg, topk, n, block, filter_block, num_warps, programs_per_sm, select_warps, tile, ballot, fused,
+        prefetch, tile_write, filter_maxnreg, select_maxnreg, dynamic, radix_bits, pieces, piece, sparse, sigmas, cap,
+        sample_low_bit, sample_slack, stats is not None)
     if rows == 0:
         return
     # int32 or int64 as they come (the kernels load either): no conversion launches
