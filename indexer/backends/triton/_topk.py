@@ -138,7 +138,11 @@ if triton is not None:
 
     @triton.jit
     def _warp_id(x):
-        # the hardware warp of each element's thread (lists are per warp, whatever the layout)
+        # the hardware warp of each element's thread (lists are per warp, whatever the layout).
+        # Not a function of x alone: Triton may recompute it in another layout where a
+        # tensor is converted (it did, is_pure or not, for the count store of a vectorized
+        # pass, which then stored each list's count under another warp's index), so every
+        # use must stay in the layout of the pass's loop
         return tl.inline_asm_elementwise(
             "{ .reg .b32 t; mov.u32 t, %tid.x; shr.u32 $0, t, 5; }", "=r,r", [x], dtype=tl.int32, is_pure=True, pack=1)
 
