@@ -172,9 +172,7 @@ def test_nans_rank_above_everything_like_torch_topk():
                                       (dict(prefetch=4), "prefetch"), (dict(prefetch=2.0), "prefetch"),
                                       (dict(prefetch=True), "prefetch"), (dict(sample_slack=-0.5), "sample_slack"),
                                       (dict(sample_slack=float("inf")), "sample_slack"),
-                                      (dict(sample_slack=float("nan")), "sample_slack"),
-                                      (dict(overlap=0), "overlap"), (dict(overlap=2.0), "overlap"),
-                                      (dict(overlap_rows=0), "overlap_rows")])
+                                      (dict(sample_slack=float("nan")), "sample_slack")])
 def test_bad_launch_options_are_refused(kw, match):
     logits = torch.zeros(1, 10, device=DEVICE)
     with pytest.raises(ValueError, match=match):
@@ -208,49 +206,6 @@ def test_dynamic_rows_select_the_same_sets(kw):
     logits, masked, starts, lengths = _case(rows, 900, 24, seed=41, quantize=4.0, pad=3, min_length=100)
     stats = _check(logits, masked, starts, lengths, 24, cap=1024, dynamic=True, **dict(SMALL_ROAD, **kw))
     assert stats[T.STAT_SAMPLED] >= rows * 3 // 4, stats
-
-
-@pytest.mark.parametrize("kw", [dict(), dict(dynamic=True), dict(fused=True), dict(tile=16, cap=512, num_warps=4)])
-def test_row_groups_select_the_same_sets(kw):
-    # rows in 3 groups (41 rows: 13, 14, 14), each with its own filter counter and queue (a
-    # tile of 16 slots queues every sampled row, in every group); on a GPU a group's select
-    # launches run on a second stream beside the next group's filter
-    rows = 301 if DEVICE == "cuda" else 41
-    logits, masked, starts, lengths = _case(rows, 900, 24, seed=51, quantize=4.0, pad=3, min_length=100)
-    kw = dict(dict(cap=1024), **kw)
-    stats = _check(logits, masked, starts, lengths, 24, overlap=3, overlap_rows=rows // 3, **dict(SMALL_ROAD, **kw))
-    assert stats[T.STAT_SAMPLED] >= rows * 3 // 4, stats
-
-
-@pytest.mark.skipif(DEVICE == "cpu", reason="streams")
-def test_row_groups_finish_before_the_callers_next_work():
-    # called on a stream of the caller's, with the selects of the groups on a second stream:
-    # the caller's next kernel (a copy of out) must see every row written, eagerly and
-    # replayed from a CUDA graph
-    rows, n, topk = 4096, 16384, 64
-    logits, masked, starts, lengths = _case(rows, n, topk, seed=53, min_length=8000)
-    want = torch.empty(rows, topk, dtype=torch.int32)
-    row_topk(masked, starts, lengths, topk, want)
-    want = want.sort(1).values
-    s, lo, le = torch.cuda.Stream(), starts.to(DEVICE), lengths.to(DEVICE)
-    got = torch.full((rows, topk), -7, dtype=torch.int32, device=DEVICE)
-    with torch.cuda.stream(s):
-        T.ragged_topk(logits, lo, le, topk, got, overlap=4, overlap_rows=256)
-        seen = got.clone()
-    s.synchronize()
-    assert torch.equal(seen.cpu().sort(1).values, want)
-    got.fill_(-7)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=s):
-        T.ragged_topk(logits, lo, le, topk, got, overlap=4, overlap_rows=256)
-        seen = got.clone()
-    got.fill_(-7)
-    seen.fill_(0)
-    torch.cuda.synchronize()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(seen.cpu().sort(1).values, want)
 
 
 def test_second_launch_serves_the_two_rows_queued_among_many():

@@ -36,7 +36,6 @@ a pass, and an ordered write. Both roads are exact. Triton is imported lazily;
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import numbers
 
@@ -560,8 +559,7 @@ if triton is not None:
 #: take :data:`DEFAULT_CONFIG`. Unlike the logits kernel's configs these may differ by chunk:
 #: the selected set does not depend on them.
 DEFAULT_CONFIG = dict(num_warps=4, filter_block=512, programs_per_sm=8, select_warps=4, block=512, fused=False,
-                      prefetch=1, tile_write=False, filter_maxnreg=None, select_maxnreg=None, dynamic=False,
-                      overlap=1, overlap_rows=1024)
+                      prefetch=1, tile_write=False, filter_maxnreg=None, select_maxnreg=None, dynamic=False)
 TOPK_CONFIGS: dict[str, dict] = {
     # H200, M=8192 late chunk, N=64K-256K, topk=2048 (docs/benchmarks.md)
     "sm90": dict(num_warps=8, filter_block=1024, programs_per_sm=8, select_warps=4, prefetch=2, dynamic=True),
@@ -611,12 +609,6 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-@functools.lru_cache(maxsize=None)
-def _side_stream(device: torch.device) -> "torch.cuda.Stream":
-    # the stream the selection of a row group runs on, beside the next group's filter
-    return torch.cuda.Stream(device)
-
-
 def _programs(device: torch.device, rows: int, per_sm: int) -> int:
     if device.type == "cuda":
         return max(1, min(rows, _sm_count(device) * per_sm))
@@ -643,13 +635,11 @@ def _ballot_ok(device: torch.device, num_warps: int, filter_block: int) -> bool:
 @functools.lru_cache(maxsize=256, typed=True)
 def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_block, num_warps, programs_per_sm,
           select_warps, tile, ballot, fused, prefetch, tile_write, filter_maxnreg, select_maxnreg, dynamic,
-          radix_bits, pieces, piece, sparse, sigmas, cap, sample_low_bit, sample_slack, has_stats, overlap,
-          overlap_rows) -> tuple:
+          radix_bits, pieces, piece, sparse, sigmas, cap, sample_low_bit, sample_slack, has_stats) -> tuple:
     """:func:`ragged_topk`'s options (``cfg``: :func:`launch_config`'s items as (key, type,
     value), so that a config value of 2.0 or True is not taken for 2 or 1) checked and
     turned into its launches' arguments, once per distinct call shape: ``(programs_per_sm,
-    num_warps, cap, overlap, overlap_rows, filter kernel keywords, ((first, select kernel
-    keywords), ...))``.
+    num_warps, cap, filter kernel keywords, ((first, select kernel keywords), ...))``.
 
     Raises:
         ValueError: an option out of range, named.
@@ -666,8 +656,6 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
     filter_maxnreg = cfg["filter_maxnreg"] if filter_maxnreg is None else filter_maxnreg
     select_maxnreg = cfg["select_maxnreg"] if select_maxnreg is None else select_maxnreg
     dynamic = cfg["dynamic"] if dynamic is None else dynamic
-    overlap = cfg["overlap"] if overlap is None else overlap
-    overlap_rows = cfg["overlap_rows"] if overlap_rows is None else overlap_rows
     cap = default_cap(topk) if cap is None else cap
     tile = min(max(_next_pow2(2 * topk), num_warps), cap) if tile is None else tile
     pieces = PIECES if pieces is None else pieces
@@ -681,9 +669,6 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
     for name, value in (("sparse", sparse), ("programs_per_sm", programs_per_sm)):
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
-    for name, value in (("overlap", overlap), ("overlap_rows", overlap_rows)):
-        if not (_int(value) and value >= 1):
-            raise ValueError(f"{name} must be an int of at least 1, got {value!r}")
     for name, value in (("filter_maxnreg", filter_maxnreg), ("select_maxnreg", select_maxnreg)):
         if value is not None and not (_nvidia(device) and _int(value) and 24 <= value <= 255):
             raise ValueError(f"{name} must be None, or an int in 24-255 on an NVIDIA GPU; got {value!r} on {device}")
@@ -731,7 +716,7 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
             STW=slots // num_warps, CH=slots if tile_write and first else min(1024, slots), FIRST=first,
             num_warps=select_warps if first else max(select_warps, min(16, slots // 1024)),
             **common, **(dict(maxnreg=select_maxnreg) if first and select_maxnreg else {}))))
-    return programs_per_sm, num_warps, cap, overlap, overlap_rows, filter_kw, tuple(selects)
+    return programs_per_sm, num_warps, cap, filter_kw, tuple(selects)
 
 
 def ragged_topk(
@@ -754,8 +739,6 @@ def ragged_topk(
     filter_maxnreg: int | None = None,
     select_maxnreg: int | None = None,
     dynamic: bool | None = None,
-    overlap: int | None = None,
-    overlap_rows: int | None = None,
     radix_bits: int = RADIX_BITS,
     pieces: int | None = None,
     piece: int = PIECE,
@@ -797,10 +780,6 @@ def ragged_topk(
             registers.
         dynamic: Filter programs take rows from a shared counter (an atomic add a row) rather
             than every ``nprog``-th row: no tail of programs holding one row more than others.
-        overlap, overlap_rows: Row groups (at most ``overlap``, each of at least
-            ``overlap_rows`` rows, 1 or more): a group's select launches run on a second
-            stream beside the next group's filter launch (CUDA; the caller's stream waits for
-            them before its next work; the CPU interpreter runs them in turn).
         filter_maxnreg, select_maxnreg: Register cap a thread of the filter kernel, of the
             first select launch (NVIDIA only; fewer registers, more programs an SM, maybe
             spills; with ``fused`` the select runs in the filter kernel, under
@@ -846,46 +825,30 @@ def ragged_topk(
                          f"{list(stats.shape)} on {stats.device}")
     device = logits.device
     cfg = tuple((key, type(value), value) for key, value in launch_config(device).items())
-    programs_per_sm, num_warps, cap, overlap, overlap_rows, filter_kw, selects = _plan(
+    programs_per_sm, num_warps, cap, filter_kw, selects = _plan(
         device, cfg, topk, n, block, filter_block, num_warps, programs_per_sm, select_warps, tile, ballot, fused,
         prefetch, tile_write, filter_maxnreg, select_maxnreg, dynamic, radix_bits, pieces, piece, sparse, sigmas, cap,
-        sample_low_bit, sample_slack, stats is not None, overlap, overlap_rows)
+        sample_low_bit, sample_slack, stats is not None)
     if rows == 0:
         return
     # int32 or int64 as they come (the kernels load either): no conversion launches
     starts = _index_vector(starts_rel)
     lens = _index_vector(lengths)
-    groups = max(1, min(overlap, rows // overlap_rows))
     cand = torch.empty(rows, cap, dtype=torch.int64, device=device)
     # one zeroed int32 block (one allocation, one fill): the per-list counts, the
-    # thresholds, then a ctl a row group, each followed by its queue: [0] the filter's next
-    # row (dynamic), [1] rows queued for the second select launch, [2] its next entry, [3:]
-    # the queue
-    scratch = torch.zeros(rows * (num_warps + 2) + 3 * groups, dtype=torch.int32, device=device)
+    # thresholds, then ctl: [0] the filter's next row (dynamic), [1] rows queued for the
+    # second select launch, [2] its next entry, [3:] the queue
+    scratch = torch.zeros(rows * (num_warps + 2) + 3, dtype=torch.int32, device=device)
     counts = scratch[: rows * num_warps].view(rows, num_warps)
     thr = scratch[rows * num_warps: rows * (num_warps + 1)]
+    ctl = scratch[rows * (num_warps + 1):]
     stats_arg = stats if stats is not None else lens
-    # with groups, a group's selection (an ALU-bound kernel) runs on a second stream beside
-    # the next group's filtering (memory-bound); the CPU interpreter runs them in turn
-    side = _side_stream(device) if groups > 1 and device.type == "cuda" else None
-    main = torch.cuda.current_stream(device) if side is not None else None
+    cand32 = cand.view(torch.int32)
     with device_guard(logits):
-        for g in range(groups):
-            a, b = rows * g // groups, rows * (g + 1) // groups
-            ctl = scratch[rows * (num_warps + 1) + 3 * g + a: rows * (num_warps + 1) + 3 * (g + 1) + b]
-            args = (logits[a:b], starts[a:b], lens[a:b])
-            cand32 = cand[a:b].view(torch.int32)
-            _filter_kernel[(_programs(device, b - a, programs_per_sm),)](
-                *args, cand[a:b], cand32, counts[a:b], thr[a:b], out[a:b], ctl, stats_arg,
-                b - a, logits.stride(0), out.stride(0), sample_min, **filter_kw)
-            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-                if side is not None:
-                    side.wait_stream(main)
-                for first, kw in selects:
-                    _select_kernel[(b - a if first else _programs(device, b - a, 1),)](
-                        *args, out[a:b], cand32, counts[a:b], thr[a:b], ctl, stats_arg,
-                        logits.stride(0), out.stride(0), sample_min, **kw)
-        if side is not None:
-            # the caller's stream goes on once every selection is written; the temporaries,
-            # allocated on it, are freed in its order after that
-            main.wait_stream(side)
+        _filter_kernel[(_programs(device, rows, programs_per_sm),)](
+            logits, starts, lens, cand, cand32, counts, thr, out, ctl, stats_arg,
+            rows, logits.stride(0), out.stride(0), sample_min, **filter_kw)
+        for first, kw in selects:
+            _select_kernel[(rows if first else _programs(device, rows, 1),)](
+                logits, starts, lens, out, cand32, counts, thr, ctl, stats_arg,
+                logits.stride(0), out.stride(0), sample_min, **kw)
