@@ -42,3 +42,17 @@ def test_demo_first_chunk_forced_strategy():
     assert res.returncode == 0, res.stdout + res.stderr
     assert "plan: balanced, reassembly padded" in res.stdout
     assert "EXACT MATCH: 400/400 rows" in res.stdout
+
+
+def test_bench_topk_fused_rows_select_the_unfused_sets(tmp_path):
+    # Triton's interpreter on CPU: the fused and unfused rows of `bench topk --fused`
+    import json
+
+    out = tmp_path / "fused.json"
+    res = _run("bench", "topk", "--device", "cpu", "--context", "700", "--rows", "12", "--fused", "700", "--heads",
+               "4", "--head-dim", "32", "--topk", "16", "--repeats", "1", "--json", str(out),
+               env={"TRITON_INTERPRET": "1"})
+    assert res.returncode == 0, res.stderr
+    rows = {r["method"]: r for r in json.loads(out.read_text())["fused"]}
+    assert set(rows) == {"triton + triton top-k", "fused triton"}, rows  # no DeepGEMM on CPU
+    assert rows["fused triton"]["same"] == 1.0 and rows["fused triton"]["ms"] > 0

@@ -17,6 +17,11 @@ its time). ``same`` is the fraction of rows whose set equals the torch path's.
 
 ``--e2e`` adds whole replicated ``prefill_topk`` calls (logits + top-k, one rank) with each
 top-k choice, on the first ``--context``.
+
+``--fused`` adds logits + top-k of the same late chunk three ways, side by side: DeepGEMM's
+logits then the Triton top-k (where DeepGEMM runs), Triton's logits then the Triton top-k,
+and the two fused (``triton/_fused_topk.py``: the logits never written), with each one's
+peak of temporary memory and whether its sets equal the unfused Triton path's.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, help="backend whose logits are used (default: automatic dispatch)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--e2e", default=None, help="comma-separated N for whole prefill_topk calls with each top-k choice")
+    p.add_argument("--fused", default=None, help="comma-separated N: logits + top-k unfused (DeepGEMM, Triton) "
+                                                   "and fused (Triton), side by side")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=None, help="write the rows as JSON here")
     p.add_argument("--tune", action="store_true",
@@ -159,9 +166,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"bench topk: topk={k} H={args.heads} D={args.head_dim} on {device} ({name}){bw_text}, median of {args.repeats}")
     print(table(rows, cols))
     e2e = _end_to_end(args, device) if args.e2e else []
+    fused = _fused(args, device) if args.fused else []
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(copy_bytes_per_ms=bw, tuned=tuned, topk=rows, e2e=e2e), f, indent=1)
+            json.dump(dict(copy_bytes_per_ms=bw, tuned=tuned, topk=rows, e2e=e2e, fused=fused), f, indent=1)
     return 0
 
 
@@ -254,4 +262,61 @@ def _end_to_end(args: argparse.Namespace, device: torch.device) -> list[dict]:
     print(f"end to end, replicated prefill_topk (logits + top-k), backend {args.backend or 'auto'}:")
     print(table(rows, [("N", "keys N", "d"), ("M", "rows M", "d"), ("topk_choice", "INDEXER_TOPK", "s"),
                        ("ms", "ms", ".2f"), ("speedup", "vs torch", ".2f"), ("same", "same set", ".1%")]))
+    return rows
+
+
+def _fused(args: argparse.Namespace, device: torch.device) -> list[dict]:
+    """Logits + top-k of a late chunk: unfused (DeepGEMM's logits where it runs, Triton's)
+    and fused, side by side; each with its peak of memory beyond the inputs and output."""
+    from ..backends import get_backend
+    from ..backends.triton import _fused_topk as F
+    from ..backends.triton import _kernels as tk
+    from ..backends.triton._topk import ragged_topk
+    from ..problem import validate
+    from ..synthetic import make_inputs
+
+    cuda = device.type == "cuda"
+    rows = []
+    for n in int_list(args.fused):
+        m = min(args.rows, n)
+        inp = make_inputs([n], [m], args.heads, args.head_dim, device, seed=n)
+        problem = validate(*inp.args(), args.topk)
+        q, k, k_scale, w = problem.q, problem.k, problem.k_scale, problem.weights
+        starts, ends = problem.row_starts, problem.row_ends
+        lengths = ends - starts
+        out = torch.empty(m, args.topk, dtype=torch.int32, device=device)
+        ways = {}
+        dg = get_backend("deepgemm")
+        if not dg.not_supported_reasons(problem):
+            ws = torch.empty(m, n, dtype=torch.float32, device=device) if dg.uses_workspace else None
+
+            def deepgemm(ws=ws):
+                logits = dg.logits(problem, (0, m), (0, n), ws)
+                ragged_topk(logits, starts, lengths, args.topk, out)
+            ways["deepgemm + triton top-k"] = deepgemm
+        ways["triton + triton top-k"] = lambda: ragged_topk(tk.mqa_logits(q, k, k_scale, w, starts, ends), starts,
+                                                            lengths, args.topk, out)
+        ways["fused triton"] = lambda: F.logits_topk(q, k, k_scale, w, starts, ends, args.topk, out)
+        results, found = {}, {}
+        for name, fn in ways.items():
+            ms = median_ms(fn, device, warmup=1, repeats=args.repeats)
+            if cuda:
+                torch.cuda.synchronize(device)
+                base = torch.cuda.memory_allocated(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            fn()
+            peak = (torch.cuda.max_memory_allocated(device) - base) if cuda else None
+            results[name] = out.clone()
+            found[name] = dict(N=n, M=m, method=name, ms=ms, temp_gib=peak / 2**30 if peak is not None else None)
+        ref = results["triton + triton top-k"]
+        for name, r in found.items():
+            r["same"] = _same(results[name], ref)
+            r["speedup"] = found["triton + triton top-k"]["ms"] / r["ms"]
+            rows.append(r)
+        if cuda:
+            torch.cuda.empty_cache()
+    print(f"logits + top-k of a late chunk, unfused and fused (topk={args.topk}, H={args.heads}, D={args.head_dim}):")
+    print(table(rows, [("N", "keys N", "d"), ("M", "rows M", "d"), ("method", "logits + top-k", "s"),
+                       ("ms", "ms", ".2f"), ("speedup", "vs triton unfused", ".2f"),
+                       ("temp_gib", "temporaries GiB", ".2f"), ("same", "same set as triton unfused", ".1%")]))
     return rows

@@ -137,6 +137,36 @@ if triton is not None:
 
 
     @triton.jit
+    def _keys_major_operands(q_ptr, w_ptr, pid, M, stride_qm, stride_wm, H: tl.constexpr, D: tl.constexpr,
+                             BLOCK_Q: tl.constexpr):
+        """Program ``pid``'s query operand, fp8 ``[D, BLOCK_Q * H]`` ((row, head) pairs on the
+        MMA's N dimension), and the matching weights, float32 ``[BLOCK_Q * H]`` (0 past M)."""
+        qh = tl.arange(0, BLOCK_Q * H)
+        q_row = (pid * BLOCK_Q + qh // H).to(tl.int64)
+        q_head = qh % H
+        qmask = q_row < M
+        offs_d = tl.arange(0, D)
+        q_t = tl.load(q_ptr + q_row[None, :] * stride_qm + q_head[None, :] * D + offs_d[:, None],
+                      mask=qmask[None, :], other=0.0)
+        w = tl.load(w_ptr + q_row * stride_wm + q_head, mask=qmask, other=0.0)
+        return q_t, w
+
+    @triton.jit
+    def _keys_major_tile(k_ptr, k_scale_ptr, cols, cmask, stride_kn, q_t, w, H: tl.constexpr, D: tl.constexpr,
+                         BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Logits float32 ``[BLOCK_N, BLOCK_Q]`` of keys ``cols`` (``[BLOCK_N]``, ``cmask``
+        the ones below N) against the program's rows: one MMA of the K tile against all
+        ``BLOCK_Q * H`` (row, head) pairs, relu, weights, the head sum, the keys' scales.
+        Every kernel that needs the logits computes them here, so that they agree to the bit."""
+        k_tile = tl.load(k_ptr + cols.to(tl.int64)[:, None] * stride_kn + tl.arange(0, D)[None, :],
+                         mask=cmask[:, None], other=0.0)
+        sc = tl.dot(k_tile, q_t, out_dtype=tl.float32)  # [BLOCK_N, BLOCK_Q * H]
+        sc = tl.maximum(sc, 0.0) * w[None, :]
+        logit = tl.sum(tl.reshape(sc, (BLOCK_N, BLOCK_Q, H)), axis=2)
+        scale = tl.load(k_scale_ptr + cols, mask=cmask, other=0.0)
+        return logit * scale[:, None]
+
+    @triton.jit
     def _mqa_logits_fused_kernel(
         q_ptr, k_ptr, k_scale_ptr, w_ptr, starts_ptr, ends_ptr, out_ptr,
         M, N,
@@ -163,14 +193,7 @@ if triton is not None:
         rmask = rows < M
         starts, ends, lo, hi = _row_windows(starts_ptr, ends_ptr, rows, rmask, N)
 
-        qh = tl.arange(0, BLOCK_Q * H)
-        q_row = (pid * BLOCK_Q + qh // H).to(tl.int64)
-        q_head = qh % H
-        qmask = q_row < M
-        offs_d = tl.arange(0, D)
-        q_t = tl.load(q_ptr + q_row[None, :] * stride_qm + q_head[None, :] * D + offs_d[:, None],
-                      mask=qmask[None, :], other=0.0)  # [D, BLOCK_Q * H]
-        w = tl.load(w_ptr + q_row * stride_wm + q_head, mask=qmask, other=0.0)
+        q_t, w = _keys_major_operands(q_ptr, w_ptr, pid, M, stride_qm, stride_wm, H, D, BLOCK_Q)
 
         rows64 = rows.to(tl.int64)
         lo_t = (lo // BLOCK_N) * BLOCK_N
@@ -183,13 +206,7 @@ if triton is not None:
         for n0 in range(lo_t, hi_t, BLOCK_N):
             cols = n0 + tl.arange(0, BLOCK_N)
             cmask = cols < N
-            k_tile = tl.load(k_ptr + cols.to(tl.int64)[:, None] * stride_kn + offs_d[None, :],
-                             mask=cmask[:, None], other=0.0)
-            sc = tl.dot(k_tile, q_t, out_dtype=tl.float32)  # [BLOCK_N, BLOCK_Q * H]
-            sc = tl.maximum(sc, 0.0) * w[None, :]
-            logit = tl.sum(tl.reshape(sc, (BLOCK_N, BLOCK_Q, H)), axis=2)
-            scale = tl.load(k_scale_ptr + cols, mask=cmask, other=0.0)
-            logit = logit * scale[:, None]
+            logit = _keys_major_tile(k_ptr, k_scale_ptr, cols, cmask, stride_kn, q_t, w, H, D, BLOCK_Q, BLOCK_N)
             valid = (cols[:, None] >= starts[None, :]) & (cols[:, None] < ends[None, :])
             tl.store(out_ptr + rows64[None, :] * stride_om + cols[:, None], tl.where(valid, logit, float("-inf")),
                      mask=rmask[None, :] & cmask[:, None])

@@ -177,13 +177,17 @@ if triton is not None:
         return a ^ -2147483648
 
     @triton.jit
-    def _sample_threshold(base, sidx, smask, rank, SLACK: tl.constexpr, LOW_BIT: tl.constexpr):
-        """Key the ``rank``-th largest sampled key reaches, with at most ``rank * (1 +
-        SLACK)`` sampled keys at or above it (a lower bound, see :func:`_search`), at most
-        +inf's: a threshold among the NaNs' keys would compare as NaN in the filtering pass
-        and let every key through, while +inf's key admits the same keys a NaN threshold
-        means."""
-        skeys = tl.where(smask, _skey(tl.load(base + sidx, mask=smask, other=0.0)), -2147483648)
+    def _sample_keys(base, sidx, smask):
+        # the sampled keys, empty slots -2**31
+        return tl.where(smask, _skey(tl.load(base + sidx, mask=smask, other=0.0)), -2147483648)
+
+    @triton.jit
+    def _sample_threshold(skeys, rank, SLACK: tl.constexpr, LOW_BIT: tl.constexpr):
+        """Key the ``rank``-th largest of the sampled keys ``skeys`` reaches, with at most
+        ``rank * (1 + SLACK)`` of them at or above it (a lower bound, see :func:`_search`),
+        at most +inf's: a threshold among the NaNs' keys would compare as NaN in the
+        filtering pass and let every key through, while +inf's key admits the same keys a
+        NaN threshold means."""
         stop = rank + (rank.to(tl.float32) * SLACK).to(tl.int32)
         return tl.minimum(_search(skeys, rank, -2147483648, 2147483647, stop, LOW_BIT), 0x7F800000)
 
@@ -375,12 +379,12 @@ if triton is not None:
                 # reached by k keys of the row unless the sample is off by SIGMAS deviations
                 mu = K * s.to(tl.float32) / length.to(tl.float32)
                 r = tl.minimum((mu + SIGMAS * tl.sqrt(mu) + 1.0).to(tl.int32), s)
-                t = _sample_threshold(base, sidx, smask, r, SLACK, LOW_BIT)
+                t = _sample_threshold(_sample_keys(base, sidx, smask), r, SLACK, LOW_BIT)
                 total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT, DEPTH)
                 if total < K:
                     # too few keys passed: once more, twice as deep into the sample (read
                     # again, so that it is not held in registers through the pass)
-                    t = _sample_threshold(base, sidx, smask, tl.minimum(2 * r, s), SLACK, LOW_BIT)
+                    t = _sample_threshold(_sample_keys(base, sidx, smask), tl.minimum(2 * r, s), SLACK, LOW_BIT)
                     total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT, DEPTH)
                 tl.store(thr_ptr + row, t)
             if FUSED:

@@ -1,0 +1,251 @@
+"""Logits and top-k in one pass over the keys: the ``[M, N]`` logits are never written.
+
+The stretch of issue 6. The Triton keys-major logits kernel (:mod:`._kernels`) computes
+each logits tile in registers; here its epilogue keeps only the keys at or above a per-row
+threshold, as candidates (value and column) in a per-row list, the layout
+:mod:`._topk`'s select kernel reads. Three steps:
+
+1. *Sample.* The logits of every ``stride``-th key (``stride >= 32``, at most
+   :data:`SAMPLE_KEYS` keys a row): :func:`~._kernels.mqa_logits` on ``k[::stride]``,
+   a ``[M, N / stride]`` block. Per row, the threshold is the sampled key that the row's
+   k-th key reaches unless the sample is off by ``sigmas`` standard deviations (the filter
+   kernel's rule, :func:`~._topk._sample_threshold`). Rows of at most ``cap`` keys keep
+   every key (threshold ``-inf``).
+2. *Logits and filter* (:func:`_logits_filter_kernel`): one program a block of rows walks
+   its rows' key tiles once; every key ``>= threshold`` goes to its row's list, the row's
+   count after them (it counts on past ``cap``).
+3. *Select*: :mod:`._topk`'s select kernel on the lists (a first launch with
+   ``tile`` slots, a second with ``cap`` for rows whose lists are longer).
+
+Exact: the candidates are the logits bit for bit (one tile function computes them in both
+kernels) and include every key at or above the k-th, ties included, so the set is the one
+:func:`~._topk.ragged_topk` (or torch.topk) selects from :func:`~._kernels.mqa_logits`'s
+block. A row whose list came out short of ``k`` (an unlucky sample) or past ``cap`` is
+recomputed the unfused way (its logits, then the ragged top-k); finding those rows is the
+one device-to-host read (a count), so the call is not CUDA-graph capturable.
+
+Memory: ``8 * cap`` bytes a row of candidates (64 KiB at topk 2048) and ``4 * N / stride``
+of sampled logits (16 KiB at most), against ``4 * N`` for the logits (512 KiB at 128K).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _kernels as K
+from . import _topk as T
+
+triton, tl = K.triton, K.tl
+
+#: Most sampled keys a row (the threshold kernel holds a row's sample in registers).
+SAMPLE_KEYS = 4096
+
+if triton is not None:
+
+    @triton.jit
+    def _threshold_kernel(sample_ptr, starts_ptr, ends_ptr, thr_ptr, stride_sm, stride, K_: tl.constexpr,
+                          CAP: tl.constexpr, SP: tl.constexpr, SIGMAS: tl.constexpr, SLACK: tl.constexpr,
+                          LOW_BIT: tl.constexpr):
+        """``thr[row]``: the key of row ``row``'s threshold, from its sampled logits (row
+        ``row`` of ``sample``, ``SP`` columns, a power of two, ``-inf`` outside the window)."""
+        row = tl.program_id(0).to(tl.int64)
+        start = tl.load(starts_ptr + row)
+        end = tl.load(ends_ptr + row)
+        length = end - start
+        # the sampled keys in the window: columns j * stride with start <= j * stride < end
+        s0 = (start + stride - 1) // stride
+        s1 = (end + stride - 1) // stride
+        j = tl.arange(0, SP)
+        m = (j >= s0) & (j < s1)
+        skeys = tl.where(m, T._skey(tl.load(sample_ptr + row * stride_sm + j, mask=m, other=0.0)), -2147483648)
+        s = s1 - s0
+        mu = K_ * s.to(tl.float32) / tl.maximum(length, 1).to(tl.float32)
+        r = tl.minimum((mu + SIGMAS * tl.sqrt(mu) + 1.0).to(tl.int32), s)
+        t = T._skey(tl.full((), float("-inf"), tl.float32))
+        if (length > CAP) & (r > 0):
+            t = T._sample_threshold(skeys, r, SLACK, LOW_BIT)
+        tl.store(thr_ptr + row, t)
+
+    @triton.jit
+    def _logits_filter_kernel(
+        q_ptr, k_ptr, k_scale_ptr, w_ptr, starts_ptr, ends_ptr, thr_ptr, cand_ptr, cnt_ptr,
+        M, N,
+        stride_qm,
+        stride_kn,
+        stride_wm,
+        H: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK_Q: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        CAP: tl.constexpr,
+    ):
+        """The logits of ``BLOCK_Q`` rows, tile by tile as :func:`~._kernels.
+        _mqa_logits_fused_kernel` computes them; each row's keys ``>= thr[row]`` (a key of
+        :func:`~._topk._skey`) to its list ``cand[row, :CAP]`` (value bits in the low word,
+        column from the row's start in the high one), in key order; ``cnt[row]`` their
+        number (past ``CAP``: the list overflowed)."""
+        pid = tl.program_id(0)
+        rows = pid * BLOCK_Q + tl.arange(0, BLOCK_Q)
+        rmask = rows < M
+        starts, ends, lo, hi = K._row_windows(starts_ptr, ends_ptr, rows, rmask, N)
+        q_t, w = K._keys_major_operands(q_ptr, w_ptr, pid, M, stride_qm, stride_wm, H, D, BLOCK_Q)
+        rows64 = rows.to(tl.int64)
+        tf = T._key_float(tl.load(thr_ptr + rows, mask=rmask, other=0))
+        run = tl.zeros((BLOCK_Q,), tl.int32)
+        lo_t = (lo // BLOCK_N) * BLOCK_N
+        hi_t = tl.maximum(((hi + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, lo_t)
+        for n0 in range(lo_t, hi_t, BLOCK_N):
+            cols = n0 + tl.arange(0, BLOCK_N)
+            cmask = cols < N
+            logit = K._keys_major_tile(k_ptr, k_scale_ptr, cols, cmask, stride_kn, q_t, w, H, D, BLOCK_Q, BLOCK_N)
+            valid = (cols[:, None] >= starts[None, :]) & (cols[:, None] < ends[None, :])
+            keep = valid & (~(logit < tf[None, :]))
+            k32 = keep.to(tl.int32)
+            pos = run[None, :] + tl.cumsum(k32, axis=0) - 1
+            tl.store(cand_ptr + rows64[None, :] * CAP + pos, T._pack(cols[:, None] - starts[None, :], logit),
+                     mask=keep & (pos < CAP))
+            run += tl.sum(k32, axis=0)
+        tl.store(cnt_ptr + rows, run, mask=rmask)
+
+
+def sample_stride(n: int) -> int:
+    """Every how many keys the threshold's sample takes one: 32, or more past
+    ``32 * SAMPLE_KEYS`` keys."""
+    return max(T.SPARSE, -(-n // SAMPLE_KEYS))
+
+
+def candidate_bytes_per_row(topk: int, n: int) -> int:
+    """Bytes of :func:`logits_topk`'s temporaries a row: the candidate list, its count and
+    threshold, the sampled logits."""
+    return 8 * T.default_cap(topk) + 8 + 4 * -(-n // sample_stride(n))
+
+
+def logits_topk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    k_scale: torch.Tensor,
+    weights: torch.Tensor,
+    row_starts: torch.Tensor,
+    row_ends: torch.Tensor,
+    topk: int,
+    out: torch.Tensor,
+    *,
+    cap: int | None = None,
+    tile: int | None = None,
+    select_warps: int = 4,
+    sigmas: float = T.SIGMAS,
+    stats: torch.Tensor | None = None,
+) -> int:
+    """Top-k keys of every row of the indexer logits, without writing the logits.
+
+    Args:
+        q: fp8 ``[M, H, D]``, H a power of two up to 128 (the keys-major kernel's).
+        k: fp8 ``[N, D]``, q's dtype. k_scale: float32 ``[N]``. weights: float32 ``[M, H]``.
+        row_starts, row_ends: int ``[M]``, each row's window ``[start, end)`` of keys,
+            ``0 <= start <= end <= N``.
+        topk: Keys kept per row.
+        out: int32 ``[M, topk]``, contiguous rows; gets indices relative to each row's
+            start, unordered, ``-1`` padded (as :func:`~._topk.ragged_topk` writes them).
+        cap: Candidate slots a row (default ``max(8192, 4 * topk)``, a power of two).
+        tile: Slots of the first select launch (default ``2 * topk``, a power of two).
+        select_warps: Warps of the first select launch.
+        sigmas: Depth of the sampled threshold, in standard deviations.
+        stats: Optional int32 ``[4]``: the select's road counters (:data:`~._topk.STAT_SHORT`...).
+
+    Returns:
+        The number of rows recomputed the unfused way (short or overflowing lists).
+
+    Raises:
+        ValueError: a shape, dtype, device or option the kernels cannot take (before any
+            kernel runs).
+    """
+    if triton is None:
+        raise RuntimeError("triton is not importable")
+    if q.dim() != 3 or k.dim() != 2 or k.shape[1] != q.shape[2]:
+        raise ValueError(f"q must be [M, H, D] and k [N, D], got {tuple(q.shape)} and {tuple(k.shape)}")
+    m, h, d = q.shape
+    n = k.shape[0]
+    if not K.fused_supported(h):
+        raise ValueError(f"q's heads H={h} must be a power of two up to 128")
+    if q.dtype != k.dtype or q.dtype not in K._FP8_DTYPES:
+        raise ValueError(f"q and k must share an fp8 e4m3 dtype, got {q.dtype} and {k.dtype}")
+    if d not in (32, 64, 128):
+        raise ValueError(f"head dim D must be 32, 64 or 128, got {d}")
+    if tuple(weights.shape) != (m, h) or tuple(k_scale.shape) != (n,):
+        raise ValueError(f"weights must be [M, H]={[m, h]} and k_scale [N]={[n]}, got {list(weights.shape)} "
+                         f"and {list(k_scale.shape)}")
+    if topk < 1:
+        raise ValueError(f"topk must be at least 1, got {topk}")
+    if tuple(out.shape) != (m, topk) or out.dtype != torch.int32 or out.stride(1) != 1 or out.device != q.device:
+        raise ValueError(f"out must be int32 [{m}, {topk}] with column stride 1 on {q.device}, got {out.dtype} "
+                         f"{list(out.shape)} on {out.device}")
+    for name, x in (("row_starts", row_starts), ("row_ends", row_ends)):
+        if tuple(x.shape) != (m,) or x.dtype.is_floating_point or x.dtype == torch.bool or x.device != q.device:
+            raise ValueError(f"{name} must be an integer [M]={[m]} tensor on {q.device}, got {x.dtype} "
+                             f"{list(x.shape)} on {x.device}")
+    cap = T.default_cap(topk) if cap is None else cap
+    tile = min(T._next_pow2(2 * topk), cap) if tile is None else tile
+    if not (T._pow2(cap) and T._pow2(tile) and topk <= cap and tile <= cap and cap <= 1 << 20):
+        raise ValueError(f"cap and tile must be powers of two with topk <= cap, tile <= cap <= 2**20; got cap={cap}, "
+                         f"tile={tile}, topk={topk}")
+    if not sigmas > 0:
+        raise ValueError(f"sigmas must be positive, got {sigmas}")
+    if stats is not None and (stats.numel() < 4 or stats.dtype != torch.int32 or stats.device != q.device):
+        raise ValueError(f"stats must be int32 with 4 entries on {q.device}")
+    if m == 0:
+        return 0
+    device = q.device
+    starts = row_starts.to(torch.int32).contiguous()
+    ends = row_ends.to(torch.int32).contiguous()
+    lengths = ends - starts
+    q = q.contiguous()
+    k = k if k.stride(1) == 1 else k.contiguous()
+    weights = weights.to(torch.float32).contiguous()
+    k_scale = k_scale.to(torch.float32).contiguous()
+
+    # 1. the sample's logits and the thresholds
+    stride = sample_stride(n)
+    sample = K.mqa_logits(q, k[::stride], k_scale[::stride], weights, (starts + stride - 1) // stride,
+                          (ends + stride - 1) // stride)
+    thr = torch.empty(m, dtype=torch.int32, device=device)
+    cand = torch.empty(m, cap, dtype=torch.int64, device=device)
+    # the counts, then the select's ctl: [1] rows queued for its second launch, [2] that
+    # launch's next entry, [3:] the queue
+    scratch = torch.zeros(2 * m + 3, dtype=torch.int32, device=device)
+    counts, ctl = scratch[:m], scratch[m:]
+    cfg = K.fused_config(h, d)
+    with K.device_guard(q):
+        _threshold_kernel[(m,)](sample, starts, ends, thr, sample.stride(0), stride, K_=topk, CAP=cap,
+                                SP=T._next_pow2(sample.shape[1]), SIGMAS=float(sigmas), SLACK=float(T.SAMPLE_SLACK),
+                                LOW_BIT=8, num_warps=8)
+        del sample
+        # 2. the logits, filtered as they are computed
+        _logits_filter_kernel[(triton.cdiv(m, cfg.block_q),)](
+            q, k, k_scale, weights, starts, ends, thr, cand, counts, m, n, q.stride(0), k.stride(0),
+            weights.stride(0), H=h, D=d, BLOCK_Q=cfg.block_q, BLOCK_N=cfg.block_n, CAP=cap,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    # rows the lists cannot serve: the only device-to-host read
+    bad = (lengths > topk) & ((counts < topk) | (counts > cap))
+    redo = bad.nonzero().flatten()
+    n_redo = int(redo.numel())
+    # 3. the select, on lists only (no row is read whole: those recomputed get length 0 here)
+    sel_len = torch.where(bad, 0, lengths) if n_redo else lengths
+    stats_arg = stats if stats is not None else sel_len
+    common = dict(K=topk, KP=T._next_pow2(topk), W=1, WCAP=cap, DIRECT=topk, BLOCK=512, RADIX_BITS=T.RADIX_BITS,
+                  R=1 << T.RADIX_BITS, STATS=stats is not None)
+    cand32 = cand.view(torch.int32)
+    with K.device_guard(q):
+        for first, slots in ((True, tile), (False, cap)):
+            if not first and slots == tile:
+                break
+            T._select_kernel[(m if first else T._programs(device, m, 1),)](
+                thr.view(torch.float32), starts, sel_len, out, cand32, counts, thr, ctl, stats_arg, 0, out.stride(0),
+                0, STW=slots, CH=min(1024, slots), FIRST=first,
+                num_warps=select_warps if first else max(select_warps, min(16, slots // 1024)), **common)
+    if n_redo:
+        # the unfused way for those rows: their logits, then the ragged top-k
+        logits = K.mqa_logits(q[redo], k, k_scale, weights[redo], starts[redo], ends[redo])
+        sub = torch.empty(n_redo, topk, dtype=torch.int32, device=device)
+        T.ragged_topk(logits, starts[redo], lengths[redo], topk, sub)
+        out[redo] = sub
+    return n_redo

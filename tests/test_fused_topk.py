@@ -1,0 +1,135 @@
+"""Logits and top-k fused (the logits never written) against the unfused Triton path:
+the Triton logits block, then the ragged top-k (Triton's interpreter on CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from indexer.backends.topk_torch import row_topk  # noqa: E402
+from indexer.backends.triton import _fused_topk as F  # noqa: E402
+from indexer.backends.triton import _kernels as K  # noqa: E402
+from indexer.backends.triton import _topk as T  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FP8 = torch.float8_e4m3fn
+
+
+def _inputs(lengths, n, heads, dim, seed, positive=False):
+    """Causal-like windows ending at ``n`` - offsets, of the given lengths."""
+    g = torch.Generator().manual_seed(seed)
+    m = len(lengths)
+    q = (torch.randn(m, heads, dim, generator=g) * 2).to(FP8)
+    k = (torch.randn(n, dim, generator=g) * 2).to(FP8)
+    k_scale = torch.rand(n, generator=g) * 0.5 + 0.05
+    weights = torch.randn(m, heads, generator=g)
+    if positive:
+        weights = weights.abs() + 0.1
+    lengths = torch.tensor(lengths, dtype=torch.int32)
+    ends = n - torch.randint(0, 8, (m,), generator=g, dtype=torch.int32)
+    ends = torch.maximum(ends, lengths)
+    starts = ends - lengths
+    return [t.to(DEVICE) for t in (q, k, k_scale, weights, starts, ends)]
+
+
+def _unfused(q, k, k_scale, weights, starts, ends, topk):
+    logits = K.mqa_logits(q, k, k_scale, weights, starts, ends)
+    out = torch.empty(q.shape[0], topk, dtype=torch.int32, device=q.device)
+    T.ragged_topk(logits, starts, ends - starts, topk, out)
+    # the torch path on the same logits agrees (its tie rule is the Triton kernels')
+    ref = torch.empty(q.shape[0], topk, dtype=torch.int32)
+    row_topk(logits.cpu(), starts.cpu().long(), (ends - starts).cpu().long(), topk, ref)
+    assert torch.equal(out.cpu().sort(1).values, ref.sort(1).values)
+    return out.cpu().sort(1).values
+
+
+def _fused(inputs, topk, **kw):
+    m = inputs[0].shape[0]
+    buf = torch.full((m, topk + 3), 99999, dtype=torch.int32, device=DEVICE)
+    stats = torch.zeros(4, dtype=torch.int32, device=DEVICE)
+    redo = F.logits_topk(*inputs, topk, buf[:, :topk], stats=stats, **kw)
+    assert (buf[:, topk:].cpu() == 99999).all(), "a write outside out's rows"
+    return buf[:, :topk].cpu().sort(1).values, redo, stats.cpu().tolist()
+
+
+# rows: empty, shorter than k, exactly k, within the candidate slots (every key listed),
+# longer (a sampled threshold), the longest past the first select tile
+LENGTHS = [0, 5, 16, 40, 200, 256, 300, 450, 600, 611, 700, 640]
+
+
+@pytest.mark.parametrize("tile", [64, 256])
+def test_fused_selects_the_unfused_set(tile):
+    inputs = _inputs(LENGTHS, 720, 4, 32, seed=3)
+    got, redo, stats = _fused(inputs, 16, cap=256, tile=tile)
+    assert torch.equal(got, _unfused(*inputs, 16))
+    assert redo == 0
+    assert stats[T.STAT_SHORT] == 3 and stats[T.STAT_SAMPLED] == len(LENGTHS) - 3, stats
+
+
+def test_ties_at_the_kth_key_go_to_the_lowest_columns():
+    # every key of a row scores the same where q . k has one value: k rows repeat
+    inputs = _inputs(LENGTHS, 720, 4, 32, seed=5)
+    k = inputs[1]
+    inputs[1] = k[torch.arange(k.shape[0], device=DEVICE) % 3]
+    inputs[2] = torch.full_like(inputs[2], 0.25)
+    got, redo, _ = _fused(inputs, 16, cap=256, tile=64)
+    assert torch.equal(got, _unfused(*inputs, 16))
+    assert redo == 0
+
+
+def test_short_lists_are_recomputed_unfused():
+    # the sampled keys (every 32nd) score far above the rest: the threshold is one of them,
+    # fewer than k keys reach it, and those rows go the unfused way
+    inputs = _inputs(LENGTHS, 720, 4, 32, seed=7, positive=True)
+    inputs[2][::F.sample_stride(720)] *= 100.0
+    got, redo, _ = _fused(inputs, 16, cap=256, tile=64)
+    assert torch.equal(got, _unfused(*inputs, 16))
+    assert redo >= 4  # the rows longer than cap
+
+
+def test_overflowing_lists_are_recomputed_unfused():
+    # a threshold as deep as the sample goes lets most keys through, more than cap
+    inputs = _inputs(LENGTHS, 720, 4, 32, seed=9)
+    got, redo, _ = _fused(inputs, 16, cap=128, tile=64, sigmas=1000.0)
+    assert torch.equal(got, _unfused(*inputs, 16))
+    assert redo >= 4
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="GPU sizes")
+@pytest.mark.parametrize("n", [9000, 40000])
+def test_fused_at_model_shape(n):
+    lengths = torch.linspace(0, n - 8, 192).long().tolist()
+    inputs = _inputs(lengths, n, 64, 128, seed=11)
+    got, redo, stats = _fused(inputs, 2048)
+    assert torch.equal(got, _unfused(*inputs, 2048))
+    assert redo == 0, stats
+
+
+@pytest.mark.parametrize("case,match", [
+    ("heads", "H=6"), ("topk", "topk"), ("out", "out"), ("starts", "row_starts"), ("cap", "cap"),
+    ("sigmas", "sigmas"), ("dtype", "fp8"),
+])
+def test_bad_arguments_are_refused_before_any_kernel(case, match):
+    q, k, k_scale, w, starts, ends = _inputs([10, 20], 40, 4, 32, seed=1)
+    topk, kw = 8, {}
+    out = torch.full((2, topk), 7, dtype=torch.int32, device=DEVICE)
+    if case == "heads":
+        q, w = q[:, :3].repeat(1, 2, 1), w[:, :3].repeat(1, 2)
+    elif case == "topk":
+        topk = 0
+    elif case == "out":
+        out = torch.full((2, topk + 1), 7, dtype=torch.int32, device=DEVICE)
+    elif case == "starts":
+        starts = starts.float()
+    elif case == "cap":
+        kw = dict(cap=100)
+    elif case == "sigmas":
+        kw = dict(sigmas=0.0)
+    elif case == "dtype":
+        q = q.float()
+    before = out.clone()
+    with pytest.raises(ValueError, match=match):
+        F.logits_topk(q, k, k_scale, w, starts, ends, topk, out, **kw)
+    assert torch.equal(out, before)
