@@ -17,6 +17,12 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8 = torch.float8_e4m3fn
 
 
+@pytest.fixture(autouse=True)
+def _small_key_tile(monkeypatch):
+    # toy shapes (H=4, D=32): 16-key tiles, so 16 lists a row, of cap / 16 slots
+    monkeypatch.setitem(K.FUSED_CONFIGS, (4, 32), K.FusedConfig(4, 16, 4, 2))
+
+
 def _inputs(lengths, n, heads, dim, seed, positive=False):
     """Causal-like windows ending at ``n`` - offsets, of the given lengths."""
     g = torch.Generator().manual_seed(seed)
@@ -55,14 +61,15 @@ def _fused(inputs, topk, **kw):
 
 
 # rows: empty, shorter than k, exactly k, within the candidate slots (every key listed),
-# longer (a sampled threshold), the longest past the first select tile
-LENGTHS = [0, 5, 16, 40, 200, 256, 300, 450, 600, 611, 700, 640]
+# longer (a sampled threshold)
+LENGTHS = [0, 5, 16, 40, 200, 256, 300, 450, 600, 611, 700, 640, 900, 1000]
 
 
-@pytest.mark.parametrize("tile", [64, 256])
+@pytest.mark.parametrize("tile", [128, 512])
 def test_fused_selects_the_unfused_set(tile):
-    inputs = _inputs(LENGTHS, 720, 4, 32, seed=3)
-    got, redo, stats = _fused(inputs, 16, cap=256, tile=tile)
+    # tile 128: 8 slots a list in the first select launch, longer lists to the second
+    inputs = _inputs(LENGTHS, 1020, 4, 32, seed=3)
+    got, redo, stats = _fused(inputs, 16, cap=512, tile=tile)
     assert torch.equal(got, _unfused(*inputs, 16))
     assert redo == 0
     assert stats[T.STAT_SHORT] == 3 and stats[T.STAT_SAMPLED] == len(LENGTHS) - 3, stats
@@ -70,11 +77,11 @@ def test_fused_selects_the_unfused_set(tile):
 
 def test_ties_at_the_kth_key_go_to_the_lowest_columns():
     # every key of a row scores the same where q . k has one value: k rows repeat
-    inputs = _inputs(LENGTHS, 720, 4, 32, seed=5)
+    inputs = _inputs(LENGTHS, 1020, 4, 32, seed=5)
     k = inputs[1]
     inputs[1] = k[torch.arange(k.shape[0], device=DEVICE) % 3]
     inputs[2] = torch.full_like(inputs[2], 0.25)
-    got, redo, _ = _fused(inputs, 16, cap=256, tile=64)
+    got, redo, _ = _fused(inputs, 16, cap=512)
     assert torch.equal(got, _unfused(*inputs, 16))
     assert redo == 0
 
@@ -82,19 +89,19 @@ def test_ties_at_the_kth_key_go_to_the_lowest_columns():
 def test_short_lists_are_recomputed_unfused():
     # the sampled keys (every 32nd) score far above the rest: the threshold is one of them,
     # fewer than k keys reach it, and those rows go the unfused way
-    inputs = _inputs(LENGTHS, 720, 4, 32, seed=7, positive=True)
-    inputs[2][::F.sample_stride(720)] *= 100.0
-    got, redo, _ = _fused(inputs, 16, cap=256, tile=64)
+    inputs = _inputs(LENGTHS, 1020, 4, 32, seed=7, positive=True)
+    inputs[2][::F.sample_stride(1020)] *= 100.0
+    got, redo, _ = _fused(inputs, 16, cap=512)
     assert torch.equal(got, _unfused(*inputs, 16))
-    assert redo >= 4  # the rows longer than cap
+    assert redo >= 5  # the rows longer than cap
 
 
 def test_overflowing_lists_are_recomputed_unfused():
-    # a threshold as deep as the sample goes lets most keys through, more than cap
-    inputs = _inputs(LENGTHS, 720, 4, 32, seed=9)
-    got, redo, _ = _fused(inputs, 16, cap=128, tile=64, sigmas=1000.0)
+    # a threshold as deep as the sample goes lets most keys through, more than a list holds
+    inputs = _inputs(LENGTHS, 1020, 4, 32, seed=9)
+    got, redo, _ = _fused(inputs, 16, cap=128, sigmas=1000.0)
     assert torch.equal(got, _unfused(*inputs, 16))
-    assert redo >= 4
+    assert redo >= 9  # the rows longer than cap
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="GPU sizes")

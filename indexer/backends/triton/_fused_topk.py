@@ -2,8 +2,8 @@
 
 The stretch of issue 6. The Triton keys-major logits kernel (:mod:`._kernels`) computes
 each logits tile in registers; here its epilogue keeps only the keys at or above a per-row
-threshold, as candidates (value and column) in a per-row list, the layout
-:mod:`._topk`'s select kernel reads. Three steps:
+threshold, as candidates (value and column) in per-row lists, the layout :mod:`._topk`'s
+select kernel reads. Three steps:
 
 1. *Sample.* The logits of every ``stride``-th key (``stride >= 32``, at most
    :data:`SAMPLE_KEYS` keys a row): :func:`~._kernels.mqa_logits` on ``k[::stride]``,
@@ -12,16 +12,17 @@ threshold, as candidates (value and column) in a per-row list, the layout
    kernel's rule, :func:`~._topk._sample_threshold`). Rows of at most ``cap`` keys keep
    every key (threshold ``-inf``).
 2. *Logits and filter* (:func:`_logits_filter_kernel`): one program a block of rows walks
-   its rows' key tiles once; every key ``>= threshold`` goes to its row's list, the row's
-   count after them (it counts on past ``cap``).
-3. *Select*: :mod:`._topk`'s select kernel on the lists (a first launch with
-   ``tile`` slots, a second with ``cap`` for rows whose lists are longer).
+   its rows' key tiles once; every key ``>= threshold`` goes to one of its row's lists, one
+   list per position in the key tile (``cap / BLOCK_N`` slots each), the lists' lengths
+   after them (counting on past their slots).
+3. *Select*: :mod:`._topk`'s select kernel on the lists (a first launch with ``tile``
+   slots, ``cap`` by default; else a second with ``cap`` for rows whose lists are longer).
 
 Exact: the candidates are the logits bit for bit (one tile function computes them in both
 kernels) and include every key at or above the k-th, ties included, so the set is the one
 :func:`~._topk.ragged_topk` (or torch.topk) selects from :func:`~._kernels.mqa_logits`'s
-block. A row whose list came out short of ``k`` (an unlucky sample) or past ``cap`` is
-recomputed the unfused way (its logits, then the ragged top-k); finding those rows is the
+block. A row whose lists came out short of ``k`` keys (an unlucky sample) or one of them
+past its slots is recomputed the unfused way (its logits, then the ragged top-k); finding those rows is the
 one device-to-host read (a count), so the call is not CUDA-graph capturable.
 
 Memory: ``8 * cap`` bytes a row of candidates (64 KiB at topk 2048) and ``4 * N / stride``
@@ -81,9 +82,12 @@ if triton is not None:
     ):
         """The logits of ``BLOCK_Q`` rows, tile by tile as :func:`~._kernels.
         _mqa_logits_fused_kernel` computes them; each row's keys ``>= thr[row]`` (a key of
-        :func:`~._topk._skey`) to its list ``cand[row, :CAP]`` (value bits in the low word,
-        column from the row's start in the high one), in key order; ``cnt[row]`` their
-        number (past ``CAP``: the list overflowed)."""
+        :func:`~._topk._skey`) to its ``BLOCK_N`` lists of ``CAP // BLOCK_N`` slots,
+        ``cand[row]`` (value bits in the low word, column from the row's start in the high
+        one): key ``n`` to list ``n % BLOCK_N``; ``cnt[row, i]`` list ``i``'s length (past
+        its slots: it overflowed). One list per position in the key tile, so that every
+        slot follows from a counter of the element's own (no scan across the tile, whose
+        keys sit in other warps: a per-row scan here cost more than the MMAs)."""
         pid = tl.program_id(0)
         rows = pid * BLOCK_Q + tl.arange(0, BLOCK_Q)
         rmask = rows < M
@@ -91,21 +95,21 @@ if triton is not None:
         q_t, w = K._keys_major_operands(q_ptr, w_ptr, pid, M, stride_qm, stride_wm, H, D, BLOCK_Q)
         rows64 = rows.to(tl.int64)
         tf = T._key_float(tl.load(thr_ptr + rows, mask=rmask, other=0))
-        run = tl.zeros((BLOCK_Q,), tl.int32)
+        WCAP: tl.constexpr = CAP // BLOCK_N
+        lane = tl.arange(0, BLOCK_N)
+        slot0 = cand_ptr + rows64[None, :] * CAP + lane[:, None] * WCAP
+        run = tl.zeros((BLOCK_N, BLOCK_Q), tl.int32)
         lo_t = (lo // BLOCK_N) * BLOCK_N
         hi_t = tl.maximum(((hi + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, lo_t)
         for n0 in range(lo_t, hi_t, BLOCK_N):
-            cols = n0 + tl.arange(0, BLOCK_N)
+            cols = n0 + lane
             cmask = cols < N
             logit = K._keys_major_tile(k_ptr, k_scale_ptr, cols, cmask, stride_kn, q_t, w, H, D, BLOCK_Q, BLOCK_N)
             valid = (cols[:, None] >= starts[None, :]) & (cols[:, None] < ends[None, :])
             keep = valid & (~(logit < tf[None, :]))
-            k32 = keep.to(tl.int32)
-            pos = run[None, :] + tl.cumsum(k32, axis=0) - 1
-            tl.store(cand_ptr + rows64[None, :] * CAP + pos, T._pack(cols[:, None] - starts[None, :], logit),
-                     mask=keep & (pos < CAP))
-            run += tl.sum(k32, axis=0)
-        tl.store(cnt_ptr + rows, run, mask=rmask)
+            tl.store(slot0 + run, T._pack(cols[:, None] - starts[None, :], logit), mask=keep & (run < WCAP))
+            run += keep.to(tl.int32)
+        tl.store(cnt_ptr + rows64[None, :] * BLOCK_N + lane[:, None], run, mask=rmask[None, :])
 
 
 def sample_stride(n: int) -> int:
@@ -132,7 +136,7 @@ def logits_topk(
     *,
     cap: int | None = None,
     tile: int | None = None,
-    select_warps: int = 4,
+    select_warps: int = 8,
     sigmas: float = T.SIGMAS,
     stats: torch.Tensor | None = None,
 ) -> int:
@@ -147,7 +151,9 @@ def logits_topk(
         out: int32 ``[M, topk]``, contiguous rows; gets indices relative to each row's
             start, unordered, ``-1`` padded (as :func:`~._topk.ragged_topk` writes them).
         cap: Candidate slots a row (default ``max(8192, 4 * topk)``, a power of two).
-        tile: Slots of the first select launch (default ``2 * topk``, a power of two).
+        tile: Slots of the first select launch (default ``cap``; a power of two, at least
+            the key tile of the logits kernel, whose every position has a list): rows with
+            a list longer than ``tile`` over the lists go to a second launch.
         select_warps: Warps of the first select launch.
         sigmas: Depth of the sampled threshold, in standard deviations.
         stats: Optional int32 ``[4]``: the select's road counters (:data:`~._topk.STAT_SHORT`...).
@@ -184,10 +190,11 @@ def logits_topk(
             raise ValueError(f"{name} must be an integer [M]={[m]} tensor on {q.device}, got {x.dtype} "
                              f"{list(x.shape)} on {x.device}")
     cap = T.default_cap(topk) if cap is None else cap
-    tile = min(T._next_pow2(2 * topk), cap) if tile is None else tile
-    if not (T._pow2(cap) and T._pow2(tile) and topk <= cap and tile <= cap and cap <= 1 << 20):
-        raise ValueError(f"cap and tile must be powers of two with topk <= cap, tile <= cap <= 2**20; got cap={cap}, "
-                         f"tile={tile}, topk={topk}")
+    tile = cap if tile is None else tile
+    lists = K.fused_config(h, d).block_n
+    if not (T._pow2(cap) and T._pow2(tile) and topk <= cap and lists <= tile <= cap <= 1 << 20):
+        raise ValueError(f"cap and tile must be powers of two with topk <= cap and {lists} (the key tile) <= tile <= "
+                         f"cap <= 2**20; got cap={cap}, tile={tile}, topk={topk}")
     if not sigmas > 0:
         raise ValueError(f"sigmas must be positive, got {sigmas}")
     if stats is not None and (stats.numel() < 4 or stats.dtype != torch.int32 or stats.device != q.device):
@@ -209,10 +216,10 @@ def logits_topk(
                           (ends + stride - 1) // stride)
     thr = torch.empty(m, dtype=torch.int32, device=device)
     cand = torch.empty(m, cap, dtype=torch.int64, device=device)
-    # the counts, then the select's ctl: [1] rows queued for its second launch, [2] that
-    # launch's next entry, [3:] the queue
-    scratch = torch.zeros(2 * m + 3, dtype=torch.int32, device=device)
-    counts, ctl = scratch[:m], scratch[m:]
+    # the lists' lengths, then the select's ctl: [1] rows queued for its second launch,
+    # [2] that launch's next entry, [3:] the queue
+    scratch = torch.zeros(m * (lists + 1) + 3, dtype=torch.int32, device=device)
+    counts, ctl = scratch[: m * lists].view(m, lists), scratch[m * lists:]
     cfg = K.fused_config(h, d)
     with K.device_guard(q):
         _threshold_kernel[(m,)](sample, starts, ends, thr, sample.stride(0), stride, K_=topk, CAP=cap,
@@ -225,13 +232,13 @@ def logits_topk(
             weights.stride(0), H=h, D=d, BLOCK_Q=cfg.block_q, BLOCK_N=cfg.block_n, CAP=cap,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     # rows the lists cannot serve: the only device-to-host read
-    bad = (lengths > topk) & ((counts < topk) | (counts > cap))
+    bad = (lengths > topk) & ((counts.sum(1) < topk) | (counts.max(1).values > cap // lists))
     redo = bad.nonzero().flatten()
     n_redo = int(redo.numel())
     # 3. the select, on lists only (no row is read whole: those recomputed get length 0 here)
     sel_len = torch.where(bad, 0, lengths) if n_redo else lengths
     stats_arg = stats if stats is not None else sel_len
-    common = dict(K=topk, KP=T._next_pow2(topk), W=1, WCAP=cap, DIRECT=topk, BLOCK=512, RADIX_BITS=T.RADIX_BITS,
+    common = dict(K=topk, KP=T._next_pow2(topk), W=lists, WCAP=cap // lists, DIRECT=topk, BLOCK=512, RADIX_BITS=T.RADIX_BITS,
                   R=1 << T.RADIX_BITS, STATS=stats is not None)
     cand32 = cand.view(torch.int32)
     with K.device_guard(q):
@@ -240,7 +247,7 @@ def logits_topk(
                 break
             T._select_kernel[(m if first else T._programs(device, m, 1),)](
                 thr.view(torch.float32), starts, sel_len, out, cand32, counts, thr, ctl, stats_arg, 0, out.stride(0),
-                0, STW=slots, CH=min(1024, slots), FIRST=first,
+                0, STW=slots // lists, CH=min(1024, slots), FIRST=first,
                 num_warps=select_warps if first else max(select_warps, min(16, slots // 1024)), **common)
     if n_redo:
         # the unfused way for those rows: their logits, then the ragged top-k
