@@ -69,7 +69,7 @@ if triton is not None:
 
     @triton.jit
     def _logits_filter_kernel(
-        q_ptr, k_ptr, k_scale_ptr, w_ptr, starts_ptr, ends_ptr, thr_ptr, cand_ptr, cnt_ptr,
+        q_ptr, k_ptr, k_scale_ptr, w_ptr, starts_ptr, ends_ptr, thr_ptr, cand32_ptr, cnt_ptr,
         M, N,
         stride_qm,
         stride_kn,
@@ -83,8 +83,8 @@ if triton is not None:
         """The logits of ``BLOCK_Q`` rows, tile by tile as :func:`~._kernels.
         _mqa_logits_fused_kernel` computes them; each row's keys ``>= thr[row]`` (a key of
         :func:`~._topk._skey`) to its ``BLOCK_N`` lists of ``CAP // BLOCK_N`` slots,
-        ``cand[row]`` (value bits in the low word, column from the row's start in the high
-        one): key ``n`` to list ``n % BLOCK_N``; ``cnt[row, i]`` list ``i``'s length (past
+        ``cand32[row]`` (two int32 a slot: the value's bits, then the column from the row's
+        start): key ``n`` to list ``n % BLOCK_N``; ``cnt[row, i]`` list ``i``'s length (past
         its slots: it overflowed). One list per position in the key tile, so that every
         slot follows from a counter of the element's own (no scan across the tile, whose
         keys sit in other warps: a per-row scan here cost more than the MMAs)."""
@@ -97,7 +97,9 @@ if triton is not None:
         tf = T._key_float(tl.load(thr_ptr + rows, mask=rmask, other=0))
         WCAP: tl.constexpr = CAP // BLOCK_N
         lane = tl.arange(0, BLOCK_N)
-        slot0 = cand_ptr + rows64[None, :] * CAP + lane[:, None] * WCAP
+        # int32 view of the slots (value bits, then column): two 4-byte stores measured 5%
+        # faster than one packed 8-byte store on an H200
+        slot0 = cand32_ptr + 2 * (rows64[None, :] * CAP + lane[:, None] * WCAP)
         run = tl.zeros((BLOCK_N, BLOCK_Q), tl.int32)
         lo_t = (lo // BLOCK_N) * BLOCK_N
         hi_t = tl.maximum(((hi + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, lo_t)
@@ -107,7 +109,10 @@ if triton is not None:
             logit = K._keys_major_tile(k_ptr, k_scale_ptr, cols, cmask, stride_kn, q_t, w, H, D, BLOCK_Q, BLOCK_N)
             valid = (cols[:, None] >= starts[None, :]) & (cols[:, None] < ends[None, :])
             keep = valid & (~(logit < tf[None, :]))
-            tl.store(slot0 + run, T._pack(cols[:, None] - starts[None, :], logit), mask=keep & (run < WCAP))
+            slot = slot0 + 2 * run
+            fits = keep & (run < WCAP)
+            tl.store(slot, logit.to(tl.int32, bitcast=True), mask=fits)
+            tl.store(slot + 1, cols[:, None] - starts[None, :], mask=fits)
             run += keep.to(tl.int32)
         tl.store(cnt_ptr + rows64[None, :] * BLOCK_N + lane[:, None], run, mask=rmask[None, :])
 
@@ -116,12 +121,6 @@ def sample_stride(n: int) -> int:
     """Every how many keys the threshold's sample takes one: 32, or more past
     ``32 * SAMPLE_KEYS`` keys."""
     return max(T.SPARSE, -(-n // SAMPLE_KEYS))
-
-
-def candidate_bytes_per_row(topk: int, n: int) -> int:
-    """Bytes of :func:`logits_topk`'s temporaries a row: the candidate list, its count and
-    threshold, the sampled logits."""
-    return 8 * T.default_cap(topk) + 8 + 4 * -(-n // sample_stride(n))
 
 
 def logits_topk(
@@ -215,7 +214,7 @@ def logits_topk(
     sample = K.mqa_logits(q, k[::stride], k_scale[::stride], weights, (starts + stride - 1) // stride,
                           (ends + stride - 1) // stride)
     thr = torch.empty(m, dtype=torch.int32, device=device)
-    cand = torch.empty(m, cap, dtype=torch.int64, device=device)
+    cand32 = torch.empty(m, 2 * cap, dtype=torch.int32, device=device)
     # the lists' lengths, then the select's ctl: [1] rows queued for its second launch,
     # [2] that launch's next entry, [3:] the queue
     scratch = torch.zeros(m * (lists + 1) + 3, dtype=torch.int32, device=device)
@@ -228,7 +227,7 @@ def logits_topk(
         del sample
         # 2. the logits, filtered as they are computed
         _logits_filter_kernel[(triton.cdiv(m, cfg.block_q),)](
-            q, k, k_scale, weights, starts, ends, thr, cand, counts, m, n, q.stride(0), k.stride(0),
+            q, k, k_scale, weights, starts, ends, thr, cand32, counts, m, n, q.stride(0), k.stride(0),
             weights.stride(0), H=h, D=d, BLOCK_Q=cfg.block_q, BLOCK_N=cfg.block_n, CAP=cap,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     # rows the lists cannot serve: the only device-to-host read
@@ -238,9 +237,10 @@ def logits_topk(
     # 3. the select, on lists only (no row is read whole: those recomputed get length 0 here)
     sel_len = torch.where(bad, 0, lengths) if n_redo else lengths
     stats_arg = stats if stats is not None else sel_len
-    common = dict(K=topk, KP=T._next_pow2(topk), W=lists, WCAP=cap // lists, DIRECT=topk, BLOCK=512, RADIX_BITS=T.RADIX_BITS,
-                  R=1 << T.RADIX_BITS, STATS=stats is not None)
-    cand32 = cand.view(torch.int32)
+    # DIRECT=topk: no row is selected on its logits (there are none); BLOCK: the plain
+    # road's, never taken here
+    common = dict(K=topk, KP=T._next_pow2(topk), W=lists, WCAP=cap // lists, DIRECT=topk, BLOCK=512,
+                  RADIX_BITS=T.RADIX_BITS, R=1 << T.RADIX_BITS, STATS=stats is not None)
     with K.device_guard(q):
         for first, slots in ((True, tile), (False, cap)):
             if not first and slots == tile:
@@ -248,7 +248,7 @@ def logits_topk(
             T._select_kernel[(m if first else T._programs(device, m, 1),)](
                 thr.view(torch.float32), starts, sel_len, out, cand32, counts, thr, ctl, stats_arg, 0, out.stride(0),
                 0, STW=slots // lists, CH=min(1024, slots), FIRST=first,
-                num_warps=select_warps if first else max(select_warps, min(16, slots // 1024)), **common)
+                        num_warps=select_warps if first else max(select_warps, min(16, slots // 1024)), **common)
     if n_redo:
         # the unfused way for those rows: their logits, then the ragged top-k
         logits = K.mqa_logits(q[redo], k, k_scale, weights[redo], starts[redo], ends[redo])
