@@ -18,7 +18,12 @@ if not ok:
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
-RTOL = 1e-5 if INTERP else 1e-4  # GPU fp32 accumulation order differs
+# On a GPU the fp8 MMA accumulates at less than fp32 precision: Hopper's keeps about 14
+# bits (DeepSeek-V3 technical report, sec. 3.3.2), and the kernels matched the float64
+# reference to 1.2e-4 - 1.9e-4 of the largest |logit| on an H200 (D = 64 and 128), above the
+# 1e-4 this test asked for before it first ran there. 1e-3 still fails a wrong head, weight
+# or scale by orders of magnitude.
+RTOL = 1e-5 if INTERP else 1e-3
 FP8 = torch.float8_e4m3fn
 FP8_FNUZ = getattr(torch, "float8_e4m3fnuz", None)
 
