@@ -68,6 +68,16 @@ if triton is not None:
         tl.store(thr_ptr + row, t)
 
     @triton.jit
+    def _store_b32(ptr, value, mask, passthrough):
+        """A predicated 4-byte store as inline PTX, in its operands' layout (a tl.store of
+        scattered pointers takes a layout of its own, and converting the logits tile to it
+        through shared memory every tile cost more than the store). Returns ``passthrough``
+        (int32) so that the caller's dataflow orders it."""
+        return tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $3, 0; @p st.global.b32 [$1], $2; mov.u32 $0, $4; }",
+            "=r,l,r,r,r", [ptr, value, mask.to(tl.int32), passthrough], dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
     def _logits_filter_kernel(
         q_ptr, k_ptr, k_scale_ptr, w_ptr, starts_ptr, ends_ptr, thr_ptr, cand32_ptr, cnt_ptr,
         M, N,
@@ -79,6 +89,7 @@ if triton is not None:
         BLOCK_Q: tl.constexpr,
         BLOCK_N: tl.constexpr,
         CAP: tl.constexpr,
+        PTX: tl.constexpr,
     ):
         """The logits of ``BLOCK_Q`` rows, tile by tile as :func:`~._kernels.
         _mqa_logits_fused_kernel` computes them; each row's keys ``>= thr[row]`` (a key of
@@ -93,14 +104,18 @@ if triton is not None:
         rmask = rows < M
         starts, ends, lo, hi = K._row_windows(starts_ptr, ends_ptr, rows, rmask, N)
         q_t, w = K._keys_major_operands(q_ptr, w_ptr, pid, M, stride_qm, stride_wm, H, D, BLOCK_Q)
-        rows64 = rows.to(tl.int64)
         tf = T._key_float(tl.load(thr_ptr + rows, mask=rmask, other=0))
         WCAP: tl.constexpr = CAP // BLOCK_N
         lane = tl.arange(0, BLOCK_N)
-        # int32 view of the slots (value bits, then column): two 4-byte stores measured 5%
-        # faster than one packed 8-byte store on an H200
-        slot0 = cand32_ptr + 2 * (rows64[None, :] * CAP + lane[:, None] * WCAP)
-        run = tl.zeros((BLOCK_N, BLOCK_Q), tl.int32)
+        # the slots as int32 (value bits, then column: two 4-byte stores measured 5% faster
+        # than one packed 8-byte store on an H200), addressed from the program's first row by
+        # int32 offsets: the logits alone take 255 registers, and a tensor of 64-bit slot
+        # pointers held through the loop made the kernel spill
+        base = cand32_ptr + pid.to(tl.int64) * (BLOCK_Q * 2 * CAP)
+        slot0 = tl.arange(0, BLOCK_Q)[None, :] * (2 * CAP) + lane[:, None] * (2 * WCAP)
+        # each element's next slot (its list's length: (off - slot0) / 2), the only tensor
+        # the loop carries besides the logits kernel's own
+        off = slot0
         lo_t = (lo // BLOCK_N) * BLOCK_N
         hi_t = tl.maximum(((hi + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, lo_t)
         for n0 in range(lo_t, hi_t, BLOCK_N):
@@ -109,12 +124,16 @@ if triton is not None:
             logit = K._keys_major_tile(k_ptr, k_scale_ptr, cols, cmask, stride_kn, q_t, w, H, D, BLOCK_Q, BLOCK_N)
             valid = (cols[:, None] >= starts[None, :]) & (cols[:, None] < ends[None, :])
             keep = valid & (~(logit < tf[None, :]))
-            slot = slot0 + 2 * run
-            fits = keep & (run < WCAP)
-            tl.store(slot, logit.to(tl.int32, bitcast=True), mask=fits)
-            tl.store(slot + 1, cols[:, None] - starts[None, :], mask=fits)
-            run += keep.to(tl.int32)
-        tl.store(cnt_ptr + rows64[None, :] * BLOCK_N + lane[:, None], run, mask=rmask[None, :])
+            fits = keep & (off < slot0 + 2 * WCAP)
+            if PTX:  # NVIDIA
+                off = _store_b32(base + off, logit.to(tl.int32, bitcast=True), fits, off)
+                off = _store_b32(base + off + 1, cols[:, None] - starts[None, :], fits, off)
+            else:
+                tl.store(base + off, logit.to(tl.int32, bitcast=True), mask=fits)
+                tl.store(base + off + 1, cols[:, None] - starts[None, :], mask=fits)
+            off += 2 * keep.to(tl.int32)
+        tl.store(cnt_ptr + rows.to(tl.int64)[None, :] * BLOCK_N + lane[:, None], (off - slot0) // 2,
+                 mask=rmask[None, :])
 
 
 def sample_stride(n: int) -> int:
@@ -228,7 +247,7 @@ def logits_topk(
         # 2. the logits, filtered as they are computed
         _logits_filter_kernel[(triton.cdiv(m, cfg.block_q),)](
             q, k, k_scale, weights, starts, ends, thr, cand32, counts, m, n, q.stride(0), k.stride(0),
-            weights.stride(0), H=h, D=d, BLOCK_Q=cfg.block_q, BLOCK_N=cfg.block_n, CAP=cap,
+            weights.stride(0), H=h, D=d, BLOCK_Q=cfg.block_q, BLOCK_N=cfg.block_n, CAP=cap, PTX=T._nvidia(device),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     # rows the lists cannot serve: the only device-to-host read
     bad = (lengths > topk) & ((counts.sum(1) < topk) | (counts.max(1).values > cap // lists))
