@@ -318,5 +318,5 @@ def _fused(args: argparse.Namespace, device: torch.device) -> list[dict]:
     print(f"logits + top-k of a late chunk, unfused and fused (topk={args.topk}, H={args.heads}, D={args.head_dim}):")
     print(table(rows, [("N", "keys N", "d"), ("M", "rows M", "d"), ("method", "logits + top-k", "s"),
                        ("ms", "ms", ".2f"), ("speedup", "vs triton unfused", ".2f"),
-                       ("temp_gib", "temporaries GiB", ".2f"), ("same", "same set as triton unfused", ".1%")]))
+                       ("temp_gib", "temporaries GiB", ".2f"), ("same", "same set as triton unfused", ".2%")]))
     return rows

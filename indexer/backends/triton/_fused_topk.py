@@ -18,10 +18,12 @@ select kernel reads. Three steps:
 3. *Select*: :mod:`._topk`'s select kernel on the lists (a first launch with ``tile``
    slots, ``cap`` by default; else a second with ``cap`` for rows whose lists are longer).
 
-Exact: the candidates are the logits bit for bit (one tile function computes them in both
-kernels) and include every key at or above the k-th, ties included, so the set is the one
-:func:`~._topk.ragged_topk` (or torch.topk) selects from :func:`~._kernels.mqa_logits`'s
-block. A row whose lists came out short of ``k`` keys (an unlucky sample) or one of them
+Exact: the candidates include every key at or above the k-th, ties included, and their
+values come from the tile function of :func:`~._kernels.mqa_logits`'s kernel
+(:func:`~._kernels._keys_major_tile`, same launch config), so the set is the one
+:func:`~._topk.ragged_topk` (or torch.topk) selects from that kernel's block (equal in every
+test, on the CPU interpreter and an H200; the two kernels are compiled separately, so equal
+bits rest on the shared function, not on a proof). A row whose lists came out short of ``k`` keys (an unlucky sample) or one of them
 past its slots is recomputed the unfused way (its logits, then the ragged top-k); finding those rows is the
 one device-to-host read (a count), so the call is not CUDA-graph capturable.
 
