@@ -116,9 +116,11 @@ def test_fused_at_model_shape(n):
 
 @pytest.mark.parametrize("case,match", [
     ("heads", "H=6"), ("topk", "topk"), ("out", "out"), ("starts", "row_starts"), ("cap", "cap"),
-    ("sigmas", "sigmas"), ("dtype", "fp8"),
+    ("sigmas", "sigmas"), ("dtype", "q must have dtype float8"), ("past_n", "row_ends must be <= N"),
+    ("crossed", "row_starts must be <= row_ends"), ("head_dim", "head dim D"),
 ])
 def test_bad_arguments_are_refused_before_any_kernel(case, match):
+    # prefill_topk's checks (TypeError for a dtype) and this kernel's own
     q, k, k_scale, w, starts, ends = _inputs([10, 20], 40, 4, 32, seed=1)
     topk, kw = 8, {}
     out = torch.full((2, topk), 7, dtype=torch.int32, device=DEVICE)
@@ -136,7 +138,15 @@ def test_bad_arguments_are_refused_before_any_kernel(case, match):
         kw = dict(sigmas=0.0)
     elif case == "dtype":
         q = q.float()
+    elif case == "past_n":
+        ends = ends.clone()
+        ends[1] = 41
+    elif case == "crossed":
+        starts = starts.clone()
+        starts[0] = ends[0] + 1
+    elif case == "head_dim":
+        q, k = q[:, :, :16].contiguous(), k[:, :16].contiguous()
     before = out.clone()
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises((TypeError, ValueError), match=match):
         F.logits_topk(q, k, k_scale, w, starts, ends, topk, out, **kw)
     assert torch.equal(out, before)

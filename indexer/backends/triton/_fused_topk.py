@@ -23,9 +23,11 @@ values come from the tile function of :func:`~._kernels.mqa_logits`'s kernel
 (:func:`~._kernels._keys_major_tile`, same launch config), so the set is the one
 :func:`~._topk.ragged_topk` (or torch.topk) selects from that kernel's block (equal in every
 test, on the CPU interpreter and an H200; the two kernels are compiled separately, so equal
-bits rest on the shared function, not on a proof). A row whose lists came out short of ``k`` keys (an unlucky sample) or one of them
-past its slots is recomputed the unfused way (its logits, then the ragged top-k); finding those rows is the
-one device-to-host read (a count), so the call is not CUDA-graph capturable.
+bits rest on the shared function, not on a proof). A row whose lists came out short of
+``k`` keys (an unlucky sample) or one of them past its slots is recomputed the unfused way
+(its logits, then the ragged top-k). Finding those rows reads a count back to the host, and
+the input checks (:func:`indexer.problem.validate`) read the row bounds: the call is not
+CUDA-graph capturable.
 
 Memory: ``8 * cap`` bytes a row of candidates (64 KiB at topk 2048) and ``4 * N / stride``
 of sampled logits (16 KiB at most), against ``4 * N`` for the logits (512 KiB at 128K).
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import torch
 
+from ...problem import validate
 from . import _kernels as K
 from . import _topk as T
 
@@ -163,13 +166,16 @@ def logits_topk(
     """Top-k keys of every row of the indexer logits, without writing the logits.
 
     Args:
-        q: fp8 ``[M, H, D]``, H a power of two up to 128 (the keys-major kernel's).
+        q: fp8 ``[M, H, D]``, H a power of two up to 128 (the keys-major kernel's), D 32,
+            64 or 128.
         k: fp8 ``[N, D]``, q's dtype. k_scale: float32 ``[N]``. weights: float32 ``[M, H]``.
-        row_starts, row_ends: int ``[M]``, each row's window ``[start, end)`` of keys,
+        row_starts, row_ends: int32 ``[M]``, each row's window ``[start, end)`` of keys,
             ``0 <= start <= end <= N``.
         topk: Keys kept per row.
-        out: int32 ``[M, topk]``, contiguous rows; gets indices relative to each row's
-            start, unordered, ``-1`` padded (as :func:`~._topk.ragged_topk` writes them).
+        out: int32 ``[M, topk]``, column stride 1 (rows may be padded); gets indices
+            relative to each row's start, unordered, ``-1`` padded (as
+            :func:`~._topk.ragged_topk` writes them). The other inputs are checked as
+            :func:`indexer.prefill_topk` checks them.
         cap: Candidate slots a row (default ``max(8192, 4 * topk)``, a power of two).
         tile: Slots of the first select launch (default ``cap``; a power of two, at least
             the key tile of the logits kernel, whose every position has a list): rows with
@@ -182,33 +188,24 @@ def logits_topk(
         The number of rows recomputed the unfused way (short or overflowing lists).
 
     Raises:
-        ValueError: a shape, dtype, device or option the kernels cannot take (before any
-            kernel runs).
+        TypeError, ValueError: an input :func:`indexer.prefill_topk` would refuse, or a
+            shape or option these kernels cannot take (before any kernel runs).
     """
     if triton is None:
         raise RuntimeError("triton is not importable")
-    if q.dim() != 3 or k.dim() != 2 or k.shape[1] != q.shape[2]:
-        raise ValueError(f"q must be [M, H, D] and k [N, D], got {tuple(q.shape)} and {tuple(k.shape)}")
+    # every check of prefill_topk's (shapes, dtypes, devices, finite scales, row bounds: one
+    # device-to-host copy), then this kernel's own
+    problem = validate(q, k, k_scale, weights, row_starts, row_ends, topk)
     m, h, d = q.shape
     n = k.shape[0]
-    if not K.fused_supported(h):
-        raise ValueError(f"q's heads H={h} must be a power of two up to 128")
-    if q.dtype != k.dtype or q.dtype not in K._FP8_DTYPES:
-        raise ValueError(f"q and k must share an fp8 e4m3 dtype, got {q.dtype} and {k.dtype}")
-    if d not in (32, 64, 128):
-        raise ValueError(f"head dim D must be 32, 64 or 128, got {d}")
-    if tuple(weights.shape) != (m, h) or tuple(k_scale.shape) != (n,):
-        raise ValueError(f"weights must be [M, H]={[m, h]} and k_scale [N]={[n]}, got {list(weights.shape)} "
-                         f"and {list(k_scale.shape)}")
-    if topk < 1:
-        raise ValueError(f"topk must be at least 1, got {topk}")
+    # (out may have padded rows, unlike prefill_topk's)
     if tuple(out.shape) != (m, topk) or out.dtype != torch.int32 or out.stride(1) != 1 or out.device != q.device:
         raise ValueError(f"out must be int32 [{m}, {topk}] with column stride 1 on {q.device}, got {out.dtype} "
                          f"{list(out.shape)} on {out.device}")
-    for name, x in (("row_starts", row_starts), ("row_ends", row_ends)):
-        if tuple(x.shape) != (m,) or x.dtype.is_floating_point or x.dtype == torch.bool or x.device != q.device:
-            raise ValueError(f"{name} must be an integer [M]={[m]} tensor on {q.device}, got {x.dtype} "
-                             f"{list(x.shape)} on {x.device}")
+    if not K.fused_supported(h):
+        raise ValueError(f"q's heads H={h} must be a power of two up to 128")
+    if d not in (32, 64, 128):
+        raise ValueError(f"head dim D must be 32, 64 or 128, got {d}")
     cap = T.default_cap(topk) if cap is None else cap
     tile = cap if tile is None else tile
     lists = K.fused_config(h, d).block_n
@@ -222,13 +219,12 @@ def logits_topk(
     if m == 0:
         return 0
     device = q.device
-    starts = row_starts.to(torch.int32).contiguous()
-    ends = row_ends.to(torch.int32).contiguous()
+    starts, ends = problem.row_starts.contiguous(), problem.row_ends.contiguous()
     lengths = ends - starts
     q = q.contiguous()
     k = k if k.stride(1) == 1 else k.contiguous()
-    weights = weights.to(torch.float32).contiguous()
-    k_scale = k_scale.to(torch.float32).contiguous()
+    weights = weights.contiguous()
+    k_scale = problem.k_scale.contiguous()
 
     # 1. the sample's logits and the thresholds
     stride = sample_stride(n)
