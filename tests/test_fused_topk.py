@@ -104,6 +104,26 @@ def test_overflowing_lists_are_recomputed_unfused():
     assert redo >= 9  # the rows longer than cap
 
 
+def test_one_overflowing_list_is_recomputed_though_the_row_fits_cap():
+    # keys n % 16 == 5 (all in list 5 of the 16, never in the every-32nd-key sample) score
+    # far above the rest: list 5 overflows its 16 slots while the row's total fits cap=256.
+    # Sent to the select, such a row would take the plain road, which reads the logits the
+    # fused path does not have
+    g = torch.Generator().manual_seed(1)
+    m, n, topk = 4, 1020, 16
+    q = (torch.rand(m, 4, 32, generator=g) + 0.5).to(FP8)
+    k = torch.rand(n, 32, generator=g) * 0.1
+    k[5::16] += 1.0
+    inputs = [q, k.to(FP8), torch.rand(n, generator=g) * 0.5 + 0.05, torch.rand(m, 4, generator=g) + 0.1,
+              torch.tensor([0, 10, 20, 3], dtype=torch.int32), torch.tensor([1000, 1020, 1020, 900], dtype=torch.int32)]
+    inputs = [t.to(DEVICE) for t in inputs]
+    got, redo, stats = _fused(inputs, topk, cap=256)
+    assert torch.equal(got, _unfused(*inputs, topk))
+    assert redo == 4
+    # recomputed rows count on the unfused top-k's roads, not as short
+    assert stats[T.STAT_SHORT] == 0 and sum(stats) == 4, stats
+
+
 @pytest.mark.skipif(DEVICE == "cpu", reason="GPU sizes")
 @pytest.mark.parametrize("n", [9000, 40000])
 def test_fused_at_model_shape(n):
@@ -117,7 +137,8 @@ def test_fused_at_model_shape(n):
 @pytest.mark.parametrize("case,match", [
     ("heads", "H=6"), ("topk", "topk"), ("out", "out"), ("starts", "row_starts"), ("cap", "cap"),
     ("sigmas", "sigmas"), ("dtype", "q must have dtype float8"), ("past_n", "row_ends must be <= N"),
-    ("crossed", "row_starts must be <= row_ends"), ("head_dim", "head dim D"),
+    ("crossed", "row_starts must be <= row_ends"), ("head_dim", "head dim D"), ("select_warps", "select_warps"),
+    ("sigmas_inf", "sigmas"), ("stats", "stats"),
 ])
 def test_bad_arguments_are_refused_before_any_kernel(case, match):
     # prefill_topk's checks (TypeError for a dtype) and this kernel's own
@@ -146,6 +167,12 @@ def test_bad_arguments_are_refused_before_any_kernel(case, match):
         starts[0] = ends[0] + 1
     elif case == "head_dim":
         q, k = q[:, :, :16].contiguous(), k[:, :16].contiguous()
+    elif case == "select_warps":
+        kw = dict(select_warps=3)
+    elif case == "sigmas_inf":
+        kw = dict(sigmas=float("inf"))
+    elif case == "stats":
+        kw = dict(stats=torch.zeros(8, dtype=torch.int32, device=DEVICE)[::2])
     before = out.clone()
     with pytest.raises((TypeError, ValueError), match=match):
         F.logits_topk(q, k, k_scale, w, starts, ends, topk, out, **kw)

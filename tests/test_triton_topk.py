@@ -396,7 +396,8 @@ def test_small_topk_runs_with_the_default_launch_options(topk):
 
 @pytest.mark.parametrize("case,match", [("topk", "topk"), ("out_shape", "out"), ("out_dtype", "out"),
                                         ("logits_dtype", "logits"), ("lengths", "lengths"), ("stats", "stats"),
-                                        ("starts_dtype", "starts_rel"), ("lengths_device", "lengths")])
+                                        ("stats_strided", "stats"), ("starts_dtype", "starts_rel"),
+                                        ("lengths_device", "lengths")])
 def test_bad_arguments_are_refused_before_any_kernel(case, match):
     logits = torch.randn(3, 40, device=DEVICE)
     starts = torch.zeros(3, dtype=torch.int64, device=DEVICE)
@@ -418,6 +419,8 @@ def test_bad_arguments_are_refused_before_any_kernel(case, match):
     elif case == "lengths_device":
         # on the CPU: a device the logits are not on (meta); on a GPU: the CPU
         kw.update(lengths=lengths.to("meta" if DEVICE == "cpu" else "cpu"))
+    elif case == "stats_strided":  # the kernel would add to the entries between
+        kw.update(stats=torch.zeros(8, dtype=torch.int32, device=DEVICE)[::2])
     else:
         kw.update(stats=torch.zeros(3, dtype=torch.int32, device=DEVICE))
     with pytest.raises(ValueError, match=match):

@@ -5,8 +5,8 @@ each logits tile in registers; here its epilogue keeps only the keys at or above
 threshold, as candidates (value and column) in per-row lists, the layout :mod:`._topk`'s
 select kernel reads. Three steps:
 
-1. *Sample.* The logits of every ``stride``-th key (``stride >= 32``, at most
-   :data:`SAMPLE_KEYS` keys a row): :func:`~._kernels.mqa_logits` on ``k[::stride]``,
+1. *Sample.* The logits of every ``stride``-th key (``stride`` 32, larger past
+   ``32 * SAMPLE_KEYS`` keys: at most :data:`SAMPLE_KEYS` keys a row): :func:`~._kernels.mqa_logits` on ``k[::stride]``,
    a ``[M, N / stride]`` block. Per row, the threshold is the sampled key that the row's
    k-th key reaches unless the sample is off by ``sigmas`` standard deviations (the filter
    kernel's rule, :func:`~._topk._sample_threshold`). Rows of at most ``cap`` keys keep
@@ -176,13 +176,17 @@ def logits_topk(
             relative to each row's start, unordered, ``-1`` padded (as
             :func:`~._topk.ragged_topk` writes them). The other inputs are checked as
             :func:`indexer.prefill_topk` checks them.
-        cap: Candidate slots a row (default ``max(8192, 4 * topk)``, a power of two).
+        cap: Candidate slots a row (default ``max(8192, 4 * topk)``, a power of two); also
+            bounds the recomputed rows' logits, taken a piece of ``8 * cap * M`` bytes at a
+            time.
         tile: Slots of the first select launch (default ``cap``; a power of two, at least
             the key tile of the logits kernel, whose every position has a list): rows with
             a list longer than ``tile`` over the lists go to a second launch.
         select_warps: Warps of the first select launch.
         sigmas: Depth of the sampled threshold, in standard deviations.
-        stats: Optional int32 ``[4]``: the select's road counters (:data:`~._topk.STAT_SHORT`...).
+        stats: Optional contiguous int32 ``[4]``, :func:`~._topk.ragged_topk`'s road
+            counters: ``STAT_SAMPLED`` counts the rows selected from their lists (those that
+            kept every key too); a recomputed row counts on the road the unfused top-k took.
 
     Returns:
         The number of rows recomputed the unfused way (short or overflowing lists).
@@ -212,10 +216,13 @@ def logits_topk(
     if not (T._pow2(cap) and T._pow2(tile) and topk <= cap and lists <= tile <= cap <= 1 << 20):
         raise ValueError(f"cap and tile must be powers of two with topk <= cap and {lists} (the key tile) <= tile <= "
                          f"cap <= 2**20; got cap={cap}, tile={tile}, topk={topk}")
-    if not sigmas > 0:
-        raise ValueError(f"sigmas must be positive, got {sigmas}")
-    if stats is not None and (stats.numel() < 4 or stats.dtype != torch.int32 or stats.device != q.device):
-        raise ValueError(f"stats must be int32 with 4 entries on {q.device}")
+    if not (isinstance(select_warps, int) and T._pow2(select_warps) and select_warps <= 16):
+        raise ValueError(f"select_warps must be a power of two up to 16, got {select_warps!r}")
+    if not 0 < sigmas < float("inf"):
+        raise ValueError(f"sigmas must be positive and finite, got {sigmas}")
+    if stats is not None and (stats.numel() < 4 or stats.dtype != torch.int32 or stats.device != q.device
+                              or not stats.is_contiguous()):
+        raise ValueError(f"stats must be a contiguous int32 tensor of 4 entries on {q.device}")
     if m == 0:
         return 0
     device = q.device
@@ -265,11 +272,21 @@ def logits_topk(
             T._select_kernel[(m if first else T._programs(device, m, 1),)](
                 thr.view(torch.float32), starts, sel_len, out, cand32, counts, thr, ctl, stats_arg, 0, out.stride(0),
                 0, STW=slots // lists, CH=min(1024, slots), FIRST=first,
-                        num_warps=select_warps if first else max(select_warps, min(16, slots // 1024)), **common)
+                num_warps=select_warps if first else max(select_warps, min(16, slots // 1024)), **common)
+    del cand32, scratch, counts, ctl, thr  # free before the fallback's logits
     if n_redo:
-        # the unfused way for those rows: their logits, then the ragged top-k
-        logits = K.mqa_logits(q[redo], k, k_scale, weights[redo], starts[redo], ends[redo])
-        sub = torch.empty(n_redo, topk, dtype=torch.int32, device=device)
-        T.ragged_topk(logits, starts[redo], lengths[redo], topk, sub)
-        out[redo] = sub
+        if stats is not None:
+            # the select counted them as short (length 0 there); the fallback's select
+            # counts each on its own road
+            stats[T.STAT_SHORT] -= n_redo
+        # the unfused way for those rows, their logits, then the ragged top-k, in pieces of
+        # at most the candidate lists' bytes
+        per = max(1, (8 * cap * m) // (4 * n))
+        for i in range(0, n_redo, per):
+            rows = redo[i: i + per]
+            logits = K.mqa_logits(q[rows], k, k_scale, weights[rows], starts[rows], ends[rows])
+            sub = torch.empty(rows.numel(), topk, dtype=torch.int32, device=device)
+            T.ragged_topk(logits, starts[rows], lengths[rows], topk, sub, stats=stats)
+            out[rows] = sub
+            del logits
     return n_redo

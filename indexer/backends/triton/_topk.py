@@ -800,7 +800,7 @@ def ragged_topk(
         sample_slack: The sample threshold's search ends once at most ``rank * (1 +
             sample_slack)`` sampled keys reach it (``rank``: the depth ``sigmas`` sets):
             fewer counting steps, a few more candidates (0 to 64).
-        stats: Optional int32 ``[4]`` on the logits' device; the kernel adds each row to
+        stats: Optional contiguous int32 ``[4]`` on the logits' device; the kernel adds each row to
             one counter (``STAT_SHORT``, ``STAT_SAMPLED``, ``STAT_PLAIN``, ``STAT_DIRECT``).
 
     Raises:
@@ -824,9 +824,10 @@ def ragged_topk(
             raise ValueError(f"{name} must be an integer tensor on {logits.device}, got {x.dtype} on {x.device}")
     if logits.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError("logits and out need column stride 1")
-    if stats is not None and (stats.numel() < 4 or stats.dtype != torch.int32 or stats.device != logits.device):
-        raise ValueError(f"stats must be int32 with 4 entries on {logits.device}, got {stats.dtype} "
-                         f"{list(stats.shape)} on {stats.device}")
+    if stats is not None and (stats.numel() < 4 or stats.dtype != torch.int32 or stats.device != logits.device
+                              or not stats.is_contiguous()):
+        raise ValueError(f"stats must be a contiguous int32 tensor of 4 entries on {logits.device}, got "
+                         f"{stats.dtype} {list(stats.shape)} on {stats.device}")
     device = logits.device
     cfg = tuple((key, type(value), value) for key, value in launch_config(device).items())
     programs_per_sm, num_warps, cap, filter_kw, selects = _plan(
