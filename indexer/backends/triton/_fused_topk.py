@@ -65,11 +65,9 @@ if triton is not None:
         m = (j >= s0) & (j < s1)
         skeys = tl.where(m, T._skey(tl.load(sample_ptr + row * stride_sm + j, mask=m, other=0.0)), -2147483648)
         s = s1 - s0
-        mu = K_ * s.to(tl.float32) / tl.maximum(length, 1).to(tl.float32)
-        r = tl.minimum((mu + SIGMAS * tl.sqrt(mu) + 1.0).to(tl.int32), s)
         t = T._skey(tl.full((), float("-inf"), tl.float32))
-        if (length > CAP) & (r > 0):
-            t = T._sample_threshold(skeys, r, SLACK, LOW_BIT)
+        if (length > CAP) & (s > 0):
+            t = T._sample_threshold(skeys, T._sample_rank(K_, s, length, SIGMAS), SLACK, LOW_BIT)
         tl.store(thr_ptr + row, t)
 
     @triton.jit
@@ -263,16 +261,11 @@ def logits_topk(
     stats_arg = stats if stats is not None else sel_len
     # DIRECT=topk: no row is selected on its logits (there are none); BLOCK: the plain
     # road's, never taken here
-    common = dict(K=topk, KP=T._next_pow2(topk), W=lists, WCAP=cap // lists, DIRECT=topk, BLOCK=512,
-                  RADIX_BITS=T.RADIX_BITS, R=1 << T.RADIX_BITS, STATS=stats is not None)
+    common = T._select_common(topk, lists, cap, topk, T.DEFAULT_CONFIG["block"], T.RADIX_BITS, stats is not None)
     with K.device_guard(q):
-        for first, slots in ((True, tile), (False, cap)):
-            if not first and slots == tile:
-                break
-            T._select_kernel[(m if first else T._programs(device, m, 1),)](
-                thr.view(torch.float32), starts, sel_len, out, cand32, counts, thr, ctl, stats_arg, 0, out.stride(0),
-                0, STW=slots // lists, CH=min(1024, slots), FIRST=first,
-                num_warps=select_warps if first else max(select_warps, min(16, slots // 1024)), **common)
+        # logits: a float32 placeholder, never read
+        T._run_selects(device, m, T._select_launches(common, tile, cap, select_warps), thr.view(torch.float32),
+                       starts, sel_len, out, cand32, counts, thr, ctl, stats_arg, 0, 0)
     del cand32, scratch, counts, ctl, thr  # free before the fallback's logits
     if n_redo:
         if stats is not None:

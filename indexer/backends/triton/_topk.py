@@ -182,6 +182,14 @@ if triton is not None:
         return tl.where(smask, _skey(tl.load(base + sidx, mask=smask, other=0.0)), -2147483648)
 
     @triton.jit
+    def _sample_rank(K, s, length, SIGMAS: tl.constexpr):
+        """The rank ``r`` into a sample of ``s`` of a row's ``length`` keys (> 0) whose key
+        the row's ``K``-th key reaches: the sample holds ``mu`` of the row's top ``K`` on
+        average, and ``r`` is ``SIGMAS`` standard deviations deeper (at most ``s``)."""
+        mu = K * s.to(tl.float32) / length.to(tl.float32)
+        return tl.minimum((mu + SIGMAS * tl.sqrt(mu) + 1.0).to(tl.int32), s)
+
+    @triton.jit
     def _sample_threshold(skeys, rank, SLACK: tl.constexpr, LOW_BIT: tl.constexpr):
         """Key the ``rank``-th largest of the sampled keys ``skeys`` reaches, with at most
         ``rank * (1 + SLACK)`` of them at or above it (a lower bound, see :func:`_search`),
@@ -375,10 +383,7 @@ if triton is not None:
                 smask = pj < plen
                 sidx = pp * spread + pj
                 s = NP * plen
-                # the sample holds mu of the row's top k on average; its r-th largest key is
-                # reached by k keys of the row unless the sample is off by SIGMAS deviations
-                mu = K * s.to(tl.float32) / length.to(tl.float32)
-                r = tl.minimum((mu + SIGMAS * tl.sqrt(mu) + 1.0).to(tl.int32), s)
+                r = _sample_rank(K, s, length, SIGMAS)
                 t = _sample_threshold(_sample_keys(base, sidx, smask), r, SLACK, LOW_BIT)
                 total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT, DEPTH)
                 if total < K:
@@ -703,24 +708,47 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
         raise ValueError(f"ballot=True needs an NVIDIA GPU and filter_block == 128 * num_warps, got {device}, "
                          f"filter_block={filter_block}, num_warps={num_warps}")
     ballot = _ballot_ok(device, num_warps, filter_block) if ballot is None else ballot
-    common = dict(K=topk, KP=_next_pow2(topk), W=num_warps, WCAP=cap // num_warps, DIRECT=tile, BLOCK=block,
-                  RADIX_BITS=radix_bits, R=1 << radix_bits, STATS=has_stats)
+    common = _select_common(topk, num_warps, cap, tile, block, radix_bits, has_stats)
     filter_kw = dict(
         BW=filter_block // num_warps, NP=pieces, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
         SLACK=float(sample_slack), LOW_BIT=sample_low_bit, BALLOT=bool(ballot), DEPTH=prefetch,
         DYNAMIC=bool(dynamic), FUSED=bool(fused), STW=tile // num_warps, CH=tile if tile_write else min(1024, tile),
         num_warps=num_warps, **common, **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
-    # first select launch (unless fused into the filter): tiles of `tile` slots; then the
-    # rows whose lists did not fit, with tiles of `cap` (and, fused, the plain road's)
+    selects = _select_launches(common, tile, cap, select_warps, fused, tile_write, select_maxnreg)
+    return programs_per_sm, num_warps, cap, filter_kw, selects
+
+
+def _select_common(topk: int, lists: int, cap: int, direct: int, block: int, radix_bits: int, stats: bool) -> dict:
+    """Constexprs the filter and select kernels share: ``lists`` candidate lists of ``cap //
+    lists`` slots a row, rows up to ``direct`` keys selected on the row itself."""
+    return dict(K=topk, KP=_next_pow2(topk), W=lists, WCAP=cap // lists, DIRECT=direct, BLOCK=block,
+                RADIX_BITS=radix_bits, R=1 << radix_bits, STATS=stats)
+
+
+def _select_launches(common: dict, tile: int, cap: int, select_warps: int, fused: bool = False,
+                     tile_write: bool = False, select_maxnreg: int | None = None) -> tuple:
+    """The select kernel's launches as ``((first, keywords), ...)``: the first (unless fused
+    into the filter) with tiles of ``tile`` slots; then the rows whose lists did not fit,
+    with tiles of ``cap`` (and, fused, the plain road's), unless the first tile holds them."""
+    lists = common["W"]
     selects = []
     for first, slots in ((True, tile), (False, cap)):
         if (first and fused) or (not first and slots == tile and not fused):
             continue
         selects.append((first, dict(
-            STW=slots // num_warps, CH=slots if tile_write and first else min(1024, slots), FIRST=first,
+            STW=slots // lists, CH=slots if tile_write and first else min(1024, slots), FIRST=first,
             num_warps=select_warps if first else max(select_warps, min(16, slots // 1024)),
             **common, **(dict(maxnreg=select_maxnreg) if first and select_maxnreg else {}))))
-    return programs_per_sm, num_warps, cap, filter_kw, tuple(selects)
+    return tuple(selects)
+
+
+def _run_selects(device: torch.device, rows: int, selects: tuple, logits, starts, lengths, out, cand32, counts, thr,
+                 ctl, stats, stride_lm: int, sample_min: int) -> None:
+    # one program a row for the first launch, one an SM pulling queued rows for the second
+    for first, kw in selects:
+        _select_kernel[(rows if first else _programs(device, rows, 1),)](
+            logits, starts, lengths, out, cand32, counts, thr, ctl, stats, stride_lm, out.stride(0), sample_min,
+            **kw)
 
 
 def ragged_topk(
@@ -853,7 +881,5 @@ def ragged_topk(
         _filter_kernel[(_programs(device, rows, programs_per_sm),)](
             logits, starts, lens, cand, cand32, counts, thr, out, ctl, stats_arg,
             rows, logits.stride(0), out.stride(0), sample_min, **filter_kw)
-        for first, kw in selects:
-            _select_kernel[(rows if first else _programs(device, rows, 1),)](
-                logits, starts, lens, out, cand32, counts, thr, ctl, stats_arg,
-                logits.stride(0), out.stride(0), sample_min, **kw)
+        _run_selects(device, rows, selects, logits, starts, lens, out, cand32, counts, thr, ctl, stats_arg,
+                     logits.stride(0), sample_min)
