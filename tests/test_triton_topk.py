@@ -279,6 +279,20 @@ def test_register_caps_are_refused_off_nvidia(name):
         T.ragged_topk(logits, *_one_row_args(8), **{name: 64})
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="on NVIDIA GPUs the ballot write is accepted")
+def test_ballot_write_is_refused_off_nvidia():
+    logits = torch.zeros(1, 10, device=DEVICE)
+    with pytest.raises(ValueError, match="ballot_write"):
+        T.ragged_topk(logits, *_one_row_args(8), ballot_write=True)
+
+
+@pytest.mark.parametrize("name", ["presample", "ballot_write"])
+def test_non_bool_switches_are_refused(name):
+    logits = torch.zeros(1, 10, device=DEVICE)
+    with pytest.raises(ValueError, match=name):
+        T.ragged_topk(logits, *_one_row_args(8), **{name: 1})
+
+
 @pytest.mark.parametrize("prefetch,filter_block", [(2, 64), (3, 64), (2, None), (3, None)])
 def test_deeper_prefetch_selects_the_torch_set(prefetch, filter_block):
     # rows of 100-700 keys: the blocks in flight run past the row's end on every row, and
@@ -371,6 +385,56 @@ def test_tile_write_selects_the_same_sets(kw):
         top = masked.sort(1, descending=True).values
         kth = top[:, 23:24]
         assert int((((top > kth).sum(1) + (top == kth).sum(1) > 24) & (lengths > 24)).sum()) >= 5
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(dynamic=True), dict(fused=True), dict(tile=16), dict(quantize=None)])
+def test_presampled_thresholds_select_the_same_sets(kw):
+    # the thresholds from the sample kernel, the filter kernel streaming only: ties at the
+    # k-th key, rows shared by a counter, the select in the filter kernel, the second launch
+    kw = dict(kw)
+    quantize = kw.pop("quantize", 4.0)
+    logits, masked, starts, lengths = _case(10, 900, 24, seed=29, quantize=quantize, pad=3, min_length=100)
+    stats = _check(logits, masked, starts, lengths, 24, cap=1024, presample=True, **dict(SMALL_ROAD, **kw))
+    assert stats[T.STAT_SAMPLED] >= 7, stats
+
+
+@pytest.mark.parametrize("topk,road", [(16, T.STAT_SAMPLED), (100, T.STAT_PLAIN)])
+def test_presampled_second_threshold_serves_an_unlucky_sample(topk, road):
+    # the unlucky rows of test_unlucky_sample_retries_then_falls_back_to_the_plain_select: the
+    # first threshold lets r < k keys through, the second (2r) enough for k=16 only
+    n = 512
+    col = torch.arange(n)
+    vals = torch.rand(3, n) - 10.0
+    vals[:, (col // 8) % 4 == 0] += 20.0
+    starts = torch.zeros(3, dtype=torch.int64)
+    lengths = torch.full((3,), n, dtype=torch.int64)
+    stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=4096, pieces=16, presample=True, **SMALL_ROAD)
+    assert stats[road] == 3, stats
+
+
+def test_ballot_write_takes_every_launch_whose_chunks_allow_it():
+    # four registers a lane: chunks of a multiple of 128 keys a warp (the first launch's 512
+    # keys at 4 warps, the second's 1024 at 8); a 256-slot first tile keeps the scan
+    common = T._select_common(256, 8, 8192, 512, 512, 4, True)
+    assert [kw["WB"] for _, kw in T._select_launches(common, 512, 8192, 4, ballot_write=True)] == [True, True]
+    assert [kw["WB"] for _, kw in T._select_launches(common, 256, 8192, 4, ballot_write=True)] == [False, True]
+    assert [kw["WB"] for _, kw in T._select_launches(common, 512, 8192, 4)] == [False, False]
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="the ballot write is NVIDIA inline PTX")
+@pytest.mark.parametrize("kw", [dict(), dict(tile_write=True), dict(tile=256), dict(tile=2048),
+                                dict(tile=1024, fused=True), dict(quantize=None), dict(presample=True)])
+def test_ballot_write_selects_the_same_sets(kw):
+    # indices placed by warp ballots and a per-row counter: ties at the k-th key (quantized
+    # values), the tile write, the second launch (a 256-slot first tile: every sampled row
+    # overflows it), rows selected on themselves (tile=2048), the select in the filter kernel
+    kw = dict(kw)
+    quantize = kw.pop("quantize", 4.0)
+    rows = 64
+    logits, masked, starts, lengths = _case(rows, 6000, 256, seed=53, quantize=quantize, pad=3, min_length=1200)
+    stats = _check(logits, masked, starts, lengths, 256, ballot_write=True, **kw)
+    road = T.STAT_DIRECT if kw.get("tile") == 2048 else T.STAT_SAMPLED
+    assert stats[road] >= rows // 4, stats
 
 
 @pytest.mark.parametrize("fused", [False, True])

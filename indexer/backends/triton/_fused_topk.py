@@ -237,10 +237,11 @@ def logits_topk(
                           (ends + stride - 1) // stride)
     thr = torch.empty(m, dtype=torch.int32, device=device)
     cand32 = torch.empty(m, 2 * cap, dtype=torch.int32, device=device)
-    # the lists' lengths, then the select's ctl: [1] rows queued for its second launch,
-    # [2] that launch's next entry, [3:] the queue
-    scratch = torch.zeros(m * (lists + 1) + 3, dtype=torch.int32, device=device)
-    counts, ctl = scratch[: m * lists].view(m, lists), scratch[m * lists:]
+    # the lists' lengths, the select's write counters, then its ctl: [1] rows queued for its
+    # second launch, [2] that launch's next entry, [3:] the queue
+    scratch = torch.zeros(m * (lists + 2) + 3, dtype=torch.int32, device=device)
+    counts = scratch[: m * lists].view(m, lists)
+    wpos, ctl = scratch[m * lists:].split((m, m + 3))
     cfg = K.fused_config(h, d)
     with K.device_guard(q):
         _threshold_kernel[(m,)](sample, starts, ends, thr, sample.stride(0), stride, K_=topk, CAP=cap,
@@ -264,9 +265,11 @@ def logits_topk(
     common = T._select_common(topk, lists, cap, topk, T.DEFAULT_CONFIG["block"], T.RADIX_BITS, stats is not None)
     with K.device_guard(q):
         # logits: a float32 placeholder, never read
-        T._run_selects(device, m, T._select_launches(common, tile, cap, select_warps), thr.view(torch.float32),
-                       starts, sel_len, out, cand32, counts, thr, ctl, stats_arg, 0, 0)
-    del cand32, scratch, counts, ctl, thr  # free before the fallback's logits
+        selects = T._select_launches(common, tile, cap, select_warps,
+                                     ballot_write=T.launch_config(device)["ballot_write"])
+        T._run_selects(device, m, selects, thr.view(torch.float32), starts, sel_len, out, cand32, counts, thr, ctl,
+                       wpos, stats_arg, 0, 0)
+    del cand32, scratch, counts, ctl, wpos, thr  # free before the fallback's logits
     if n_redo:
         if stats is not None:
             # the select counted them as short (length 0 there); the fallback's select

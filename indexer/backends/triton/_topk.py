@@ -147,6 +147,80 @@ if triton is not None:
             "{ .reg .b32 t; mov.u32 t, %tid.x; shr.u32 $0, t, 5; }", "=r,r", [x], dtype=tl.int32, is_pure=True, pack=1)
 
     @triton.jit
+    def _warp_slots(sel32, ctr):
+        """Per selected (nonzero) element: a slot from the counter ``*ctr`` (int32, one
+        address for every element), distinct across the program. NVIDIA only (inline PTX).
+        Each warp ranks its selected elements, four registers of each lane at a time, with a
+        ballot, and one lane takes the warp's total from the counter with one atomic add:
+        no scan across the block (a ``tl.cumsum`` of an index tile shuffled every element
+        through 5 warp steps and a barrier). Slots come in no particular order; unselected
+        elements get meaningless values."""
+        return tl.inline_asm_elementwise(
+            """
+            {
+            .reg .pred p0, p1, p2, p3, pl;
+            .reg .b32 b0, b1, b2, b3, lt, q0, q1, q2, q3, t, base, lane;
+            setp.ne.s32 p0, $4, 0;
+            setp.ne.s32 p1, $5, 0;
+            setp.ne.s32 p2, $6, 0;
+            setp.ne.s32 p3, $7, 0;
+            vote.sync.ballot.b32 b0, p0, 0xffffffff;
+            vote.sync.ballot.b32 b1, p1, 0xffffffff;
+            vote.sync.ballot.b32 b2, p2, 0xffffffff;
+            vote.sync.ballot.b32 b3, p3, 0xffffffff;
+            mov.u32 lt, %lanemask_lt;
+            and.b32 q0, b0, lt;
+            popc.b32 q0, q0;
+            and.b32 q1, b1, lt;
+            popc.b32 q1, q1;
+            and.b32 q2, b2, lt;
+            popc.b32 q2, q2;
+            and.b32 q3, b3, lt;
+            popc.b32 q3, q3;
+            popc.b32 b0, b0;
+            popc.b32 b1, b1;
+            popc.b32 b2, b2;
+            popc.b32 b3, b3;
+            add.u32 q1, q1, b0;
+            add.u32 t, b0, b1;
+            add.u32 q2, q2, t;
+            add.u32 t, t, b2;
+            add.u32 q3, q3, t;
+            add.u32 t, t, b3;
+            mov.u32 lane, %laneid;
+            setp.eq.u32 pl, lane, 0;
+            setp.ne.and.u32 pl, t, 0, pl;
+            mov.u32 base, 0;
+            @pl atom.global.add.u32 base, [$8], t;
+            shfl.sync.idx.b32 base, base, 0, 0x1f, 0xffffffff;
+            add.u32 $0, q0, base;
+            add.u32 $1, q1, base;
+            add.u32 $2, q2, base;
+            add.u32 $3, q3, base;
+            }
+            """,
+            "=r,=r,=r,=r,r,r,r,r,l,l,l,l",
+            [sel32, ctr],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=4,
+        )
+
+    @triton.jit
+    def _write_slots(obase, sel, wpos_ptr, taken, WB: tl.constexpr):
+        """Output positions of the selected elements of a chunk (``taken`` written before it):
+        the ballot's (:func:`_warp_slots`, positions from the row's counter ``*wpos_ptr``)
+        where ``WB``, else a scan. Returns the store pointers and the new ``taken``."""
+        if WB:
+            # (taken is not needed: the counter carries it)
+            pos = _warp_slots(sel.to(tl.int32), wpos_ptr + tl.zeros(sel.shape, tl.int32))
+            new_taken = taken
+        else:
+            pos = taken + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+            new_taken = taken + tl.sum(sel.to(tl.int32), axis=0)
+        return obase + pos, new_taken
+
+    @triton.jit
     def _search(keys, need, lo, hi, stop, LOW_BIT: tl.constexpr):
         """A key ``x`` with at least ``need`` of ``keys`` (int32 [T], empty slots ``-2**31``)
         at or above it, given ``lo <= x <= hi``: bit by bit, most significant first, on the
@@ -208,6 +282,14 @@ if triton is not None:
     def _slot(cand32_ptr, row, i, CAP: tl.constexpr, WCAP: tl.constexpr, STW: tl.constexpr):
         # int32 address of the low word of tile slot i: list i // STW, entry i % STW
         return cand32_ptr + 2 * (row * CAP + (i // STW) * WCAP + i % STW)
+
+    @triton.jit
+    def _slot_both(cand32_ptr, row, i, mask, CAP: tl.constexpr, WCAP: tl.constexpr, STW: tl.constexpr):
+        # tile slot i's value bits and column, one 8-byte load (two 4-byte ones cost a second
+        # address and load a slot)
+        x = tl.load(cand32_ptr.to(tl.pointer_type(tl.int64)) + (row * CAP + (i // STW) * WCAP + i % STW),
+                    mask=mask, other=0)
+        return x.to(tl.int32), (x >> 32).to(tl.int32)
 
     @triton.jit
     def _kth_largest(ptr, n, need, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr, R: tl.constexpr):
@@ -327,8 +409,8 @@ if triton is not None:
 
     @triton.jit
     def _filter_kernel(
-        logits_ptr, starts_ptr, lengths_ptr, cand_ptr, cand32_ptr, cnt_ptr, thr_ptr, out_ptr, ctl_ptr, stats_ptr,
-        rows, stride_lm, stride_om, sample_min,
+        logits_ptr, starts_ptr, lengths_ptr, cand_ptr, cand32_ptr, cnt_ptr, thr_ptr, thr2_ptr, out_ptr, ctl_ptr,
+        wpos_ptr, stats_ptr, rows, stride_lm, stride_om, sample_min,
         K: tl.constexpr,
         W: tl.constexpr,
         BW: tl.constexpr,
@@ -351,6 +433,8 @@ if triton is not None:
         RADIX_BITS: tl.constexpr,
         R: tl.constexpr,
         STATS: tl.constexpr,
+        PRESAMPLE: tl.constexpr,
+        WB: tl.constexpr,
     ):
         """Rows longer than ``DIRECT`` (and at least ``sample_min``): threshold ``thr[row]``
         and the keys at or above it in ``W`` lists of ``WCAP`` slots (value bits in the low
@@ -360,7 +444,10 @@ if triton is not None:
         steps overlap the other programs' streaming on the SM. ``DYNAMIC``: a program takes
         its next row from the counter ``ctl[0]`` (zeroed by the caller), so programs
         that run end together and programs the SM could not hold at once find no row left;
-        otherwise rows ``pid, pid + nprog, ...``."""
+        otherwise rows ``pid, pid + nprog, ...``. ``PRESAMPLE``: the thresholds come from
+        :func:`_sample_kernel` (``thr[row]``, then ``thr2[row]`` if too few keys pass), so
+        that no program stops streaming for a sample's search and the sample's registers
+        leave the kernel."""
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
         CAP: tl.constexpr = W * WCAP
@@ -377,27 +464,29 @@ if triton is not None:
             if (length > DIRECT) & (length >= sample_min):
                 base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
                 cand = cand_ptr + row * CAP
-                # NP runs spread evenly over the row, the recent end no denser than the rest
-                spread = length // NP
-                plen = tl.minimum(tl.maximum(spread // SPARSE, 1), PIECE)
-                smask = pj < plen
-                sidx = pp * spread + pj
-                s = NP * plen
-                r = _sample_rank(K, s, length, SIGMAS)
-                t = _sample_threshold(_sample_keys(base, sidx, smask), r, SLACK, LOW_BIT)
-                total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT, DEPTH)
-                if total < K:
-                    # too few keys passed: once more, twice as deep into the sample (read
-                    # again, so that it is not held in registers through the pass)
-                    t = _sample_threshold(_sample_keys(base, sidx, smask), tl.minimum(2 * r, s), SLACK, LOW_BIT)
+                if PRESAMPLE:
+                    t = tl.load(thr_ptr + row)
                     total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT, DEPTH)
+                    if total < K:
+                        t = tl.load(thr2_ptr + row)
+                        total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT, DEPTH)
+                else:
+                    sidx, smask, s = _row_sample(length, pp, pj, NP, PIECE, SPARSE)
+                    r = _sample_rank(K, s, length, SIGMAS)
+                    t = _sample_threshold(_sample_keys(base, sidx, smask), r, SLACK, LOW_BIT)
+                    total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT, DEPTH)
+                    if total < K:
+                        # too few keys passed: once more, twice as deep into the sample (read
+                        # again, so that it is not held in registers through the pass)
+                        t = _sample_threshold(_sample_keys(base, sidx, smask), tl.minimum(2 * r, s), SLACK, LOW_BIT)
+                        total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT, DEPTH)
                 tl.store(thr_ptr + row, t)
             if FUSED:
                 # one thread stored the threshold; every thread of the select reads it
                 tl.debug_barrier()
                 _select_row(row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr,
-                            stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW, DIRECT, CH, BLOCK,
-                            RADIX_BITS, R, True, False, STATS)
+                            wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW, DIRECT, CH,
+                            BLOCK, RADIX_BITS, R, True, False, STATS, WB)
                 # the next row's candidates and counts are other slots, but the tile's
                 # scratch for reductions is shared: keep the rows apart
                 tl.debug_barrier()
@@ -407,13 +496,48 @@ if triton is not None:
                 row32 += nprog
 
     @triton.jit
+    def _row_sample(length, pp, pj, NP: tl.constexpr, PIECE: tl.constexpr, SPARSE: tl.constexpr):
+        """A row's sample: ``NP`` runs (run ``pp``, key ``pj`` of it) spread evenly over its
+        ``length`` keys, the recent end no denser than the rest, each of ``length / NP /
+        SPARSE`` keys (1 to ``PIECE``). Returns the sampled columns, their mask and count."""
+        spread = length // NP
+        plen = tl.minimum(tl.maximum(spread // SPARSE, 1), PIECE)
+        return pp * spread + pj, pj < plen, NP * plen
+
+    @triton.jit
+    def _sample_kernel(
+        logits_ptr, starts_ptr, lengths_ptr, thr_ptr, thr2_ptr, stride_lm, sample_min,
+        K: tl.constexpr,
+        NP: tl.constexpr,
+        PIECE: tl.constexpr,
+        SPARSE: tl.constexpr,
+        SIGMAS: tl.constexpr,
+        SLACK: tl.constexpr,
+        LOW_BIT: tl.constexpr,
+        DIRECT: tl.constexpr,
+    ):
+        """The filter kernel's two thresholds of row ``program_id`` (if it filters the row),
+        from the same sample: ``thr[row]`` at the sample's rank (:func:`_sample_rank`),
+        ``thr2[row]`` twice as deep, for a row too few of whose keys reach the first."""
+        row = tl.program_id(0).to(tl.int64)
+        length = tl.load(lengths_ptr + row).to(tl.int32)
+        if (length > DIRECT) & (length >= sample_min):
+            base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
+            si = tl.arange(0, NP * PIECE)
+            sidx, smask, s = _row_sample(length, si // PIECE, si % PIECE, NP, PIECE, SPARSE)
+            skeys = _sample_keys(base, sidx, smask)
+            r = _sample_rank(K, s, length, SIGMAS)
+            tl.store(thr_ptr + row, _sample_threshold(skeys, r, SLACK, LOW_BIT))
+            tl.store(thr2_ptr + row, _sample_threshold(skeys, tl.minimum(2 * r, s), SLACK, LOW_BIT))
+
+    @triton.jit
     def _defer(ctl_ptr, row):
         # queue a row for the second select launch: ctl[1] rows queued, at ctl[3:]
         tl.store(ctl_ptr + 3 + tl.atomic_add(ctl_ptr + 1, 1), row.to(tl.int32))
 
     @triton.jit
     def _select_row(
-        row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, stats_ptr,
+        row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr,
         stride_lm, stride_om, sample_min,
         K: tl.constexpr,
         KP: tl.constexpr,
@@ -428,6 +552,7 @@ if triton is not None:
         FIRST: tl.constexpr,
         PLAIN: tl.constexpr,
         STATS: tl.constexpr,
+        WB: tl.constexpr,
     ):
         """The top k of one row (its candidates filtered already, if it is longer than
         ``DIRECT``) with a tile of ``STW`` slots a list. A first launch (``FIRST``) queues
@@ -491,14 +616,14 @@ if triton is not None:
                         colth = -_search(tl.where(eq, -col - 1, -2147483648), need, -length, -1, need, 0) - 1
                         sel = gt | (eq & (col <= colth))
                     if CH >= T:
-                        # the write from the tile in registers: one scan, and the columns of the
-                        # selected slots only
-                        pos = tl.cumsum(sel.to(tl.int32), axis=0) - 1
+                        # the write from the tile in registers: one scan (or ballot), and the
+                        # columns of the selected slots only
+                        dst, _ = _write_slots(obase, sel, wpos_ptr + row, 0, WB)
                         if direct:
                             ci = idx
                         else:
                             ci = tl.load(_slot(cand32_ptr, row, idx, CAP, WCAP, STW) + 1, mask=sel, other=0)
-                        tl.store(obase + pos, ci, mask=sel)
+                        tl.store(dst, ci, mask=sel)
                     else:
                         # the write re-reads the candidates a chunk at a time, so that the key
                         # tile is the only large value held in registers (more rows in flight per SM)
@@ -511,12 +636,11 @@ if triton is not None:
                                 ci = i
                             else:
                                 m = i % STW < tl.load(cnt_ptr + row * W + i // STW)
-                                slot = _slot(cand32_ptr, row, i, CAP, WCAP, STW)
-                                key = _skey(tl.load(slot, mask=m, other=0).to(tl.float32, bitcast=True))
-                                ci = tl.load(slot + 1, mask=m, other=0)
+                                bits, ci = _slot_both(cand32_ptr, row, i, m, CAP, WCAP, STW)
+                                key = _skey(bits.to(tl.float32, bitcast=True))
                             take = m & ((key > kth) | ((key == kth) & (ci <= colth)))
-                            tl.store(obase + taken + tl.cumsum(take.to(tl.int32), axis=0) - 1, ci, mask=take)
-                            taken += tl.sum(take.to(tl.int32), axis=0)
+                            dst, taken = _write_slots(obase, take, wpos_ptr + row, taken, WB)
+                            tl.store(dst, ci, mask=take)
                     if STATS:
                         tl.atomic_add(stats_ptr + tl.where(direct, 3, 1), 1)
             elif road == 1:
@@ -528,7 +652,7 @@ if triton is not None:
 
     @triton.jit
     def _select_kernel(
-        logits_ptr, starts_ptr, lengths_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, stats_ptr,
+        logits_ptr, starts_ptr, lengths_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr,
         stride_lm, stride_om, sample_min,
         K: tl.constexpr,
         KP: tl.constexpr,
@@ -542,6 +666,7 @@ if triton is not None:
         R: tl.constexpr,
         FIRST: tl.constexpr,
         STATS: tl.constexpr,
+        WB: tl.constexpr,
     ):
         """``FIRST``: one row a program, every row. Otherwise the rows a first launch queued
         (``ctl[1]`` of them at ``ctl[3:]``): program ``p`` takes entry ``p``, then pulls
@@ -551,16 +676,16 @@ if triton is not None:
         # two call sites: the first launch as a one-row loop took 31 more registers (ptxas, sm_90a)
         if FIRST:
             _select_row(pid.to(tl.int64), tl.load(lengths_ptr + pid).to(tl.int32), logits_ptr, starts_ptr, out_ptr,
-                        cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W,
-                        WCAP, STW, DIRECT, CH, BLOCK, RADIX_BITS, R, True, True, STATS)
+                        cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, K,
+                        KP, W, WCAP, STW, DIRECT, CH, BLOCK, RADIX_BITS, R, True, True, STATS, WB)
         else:
             queued = tl.load(ctl_ptr + 1)
             i = pid
             while i < queued:
                 row = tl.load(ctl_ptr + 3 + i).to(tl.int64)
                 _select_row(row, tl.load(lengths_ptr + row).to(tl.int32), logits_ptr, starts_ptr, out_ptr, cand32_ptr,
-                            cnt_ptr, thr_ptr, ctl_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW,
-                            DIRECT, CH, BLOCK, RADIX_BITS, R, False, True, STATS)
+                            cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W,
+                            WCAP, STW, DIRECT, CH, BLOCK, RADIX_BITS, R, False, True, STATS, WB)
                 i = tl.num_programs(0) + tl.atomic_add(ctl_ptr + 2, 1)
 
 
@@ -568,7 +693,8 @@ if triton is not None:
 #: take :data:`DEFAULT_CONFIG`. Unlike the logits kernel's configs these may differ by chunk:
 #: the selected set does not depend on them.
 DEFAULT_CONFIG = dict(num_warps=4, filter_block=512, programs_per_sm=8, select_warps=4, block=512, fused=False,
-                      prefetch=1, tile_write=False, filter_maxnreg=None, select_maxnreg=None, dynamic=False)
+                      prefetch=1, tile_write=False, filter_maxnreg=None, select_maxnreg=None, dynamic=False,
+                      presample=False, ballot_write=False)
 TOPK_CONFIGS: dict[str, dict] = {
     # H200, M=8192 late chunk, N=64K-256K, topk=2048 (docs/benchmarks.md)
     "sm90": dict(num_warps=8, filter_block=1024, programs_per_sm=8, select_warps=4, prefetch=2, dynamic=True),
@@ -600,8 +726,9 @@ def default_cap(topk: int) -> int:
 
 def scratch_bytes_per_row(topk: int) -> int:
     """Bytes of :func:`ragged_topk`'s temporaries a row at the default capacity: the
-    candidate lists (value and column a slot) and the per-list counts (16 lists at most)."""
-    return 8 * default_cap(topk) + 4 * 16 + 8
+    candidate lists (value and column a slot), the per-list counts (16 lists at most), two
+    thresholds, a write counter and a queue entry."""
+    return 8 * default_cap(topk) + 4 * 16 + 16
 
 
 def _int(x) -> bool:
@@ -640,15 +767,22 @@ def _ballot_ok(device: torch.device, num_warps: int, filter_block: int) -> bool:
     return _nvidia(device) and filter_block == num_warps * 128
 
 
+def _ballot_write_ok(chunk: int, warps: int) -> bool:
+    # the write's ballot takes four registers of each lane at a time
+    return chunk % (128 * warps) == 0
+
+
 # typed: 2 and 2.0, 1 and True are different keys (a float or bool option must still be refused)
 @functools.lru_cache(maxsize=256, typed=True)
 def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_block, num_warps, programs_per_sm,
           select_warps, tile, ballot, fused, prefetch, tile_write, filter_maxnreg, select_maxnreg, dynamic,
-          radix_bits, pieces, piece, sparse, sigmas, cap, sample_low_bit, sample_slack, has_stats) -> tuple:
+          presample, ballot_write, radix_bits, pieces, piece, sparse, sigmas, cap, sample_low_bit, sample_slack,
+          has_stats) -> tuple:
     """:func:`ragged_topk`'s options (``cfg``: :func:`launch_config`'s items as (key, type,
     value), so that a config value of 2.0 or True is not taken for 2 or 1) checked and
     turned into its launches' arguments, once per distinct call shape: ``(programs_per_sm,
-    num_warps, cap, filter kernel keywords, ((first, select kernel keywords), ...))``.
+    num_warps, cap, sample kernel keywords or None, filter kernel keywords, ((first, select
+    kernel keywords), ...))``.
 
     Raises:
         ValueError: an option out of range, named.
@@ -665,6 +799,8 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
     filter_maxnreg = cfg["filter_maxnreg"] if filter_maxnreg is None else filter_maxnreg
     select_maxnreg = cfg["select_maxnreg"] if select_maxnreg is None else select_maxnreg
     dynamic = cfg["dynamic"] if dynamic is None else dynamic
+    presample = cfg["presample"] if presample is None else presample
+    ballot_write = cfg["ballot_write"] if ballot_write is None else ballot_write
     cap = default_cap(topk) if cap is None else cap
     tile = min(max(_next_pow2(2 * topk), num_warps), cap) if tile is None else tile
     pieces = PIECES if pieces is None else pieces
@@ -707,15 +843,28 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
     if ballot and not _ballot_ok(device, num_warps, filter_block):
         raise ValueError(f"ballot=True needs an NVIDIA GPU and filter_block == 128 * num_warps, got {device}, "
                          f"filter_block={filter_block}, num_warps={num_warps}")
+    for name, value in (("presample", presample), ("ballot_write", ballot_write)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be True, False or None, got {value!r}")
+    if ballot_write and not _nvidia(device):
+        raise ValueError(f"ballot_write=True needs an NVIDIA GPU, got {device}")
     ballot = _ballot_ok(device, num_warps, filter_block) if ballot is None else ballot
     common = _select_common(topk, num_warps, cap, tile, block, radix_bits, has_stats)
+    fused_ch = tile if tile_write else min(1024, tile)
     filter_kw = dict(
         BW=filter_block // num_warps, NP=pieces, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
         SLACK=float(sample_slack), LOW_BIT=sample_low_bit, BALLOT=bool(ballot), DEPTH=prefetch,
-        DYNAMIC=bool(dynamic), FUSED=bool(fused), STW=tile // num_warps, CH=tile if tile_write else min(1024, tile),
-        num_warps=num_warps, **common, **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
-    selects = _select_launches(common, tile, cap, select_warps, fused, tile_write, select_maxnreg)
-    return programs_per_sm, num_warps, cap, filter_kw, selects
+        DYNAMIC=bool(dynamic), FUSED=bool(fused), STW=tile // num_warps, CH=fused_ch, PRESAMPLE=presample,
+        WB=ballot_write and _ballot_write_ok(fused_ch, num_warps), num_warps=num_warps, **common,
+        **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
+    sample_kw = None
+    if presample:
+        # the sample's search: 16 keys a thread at the default 4096 sampled keys
+        sample_kw = dict(K=topk, NP=pieces, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
+                         SLACK=float(sample_slack), LOW_BIT=sample_low_bit, DIRECT=tile,
+                         num_warps=max(1, min(8, pieces * piece // 512)))
+    selects = _select_launches(common, tile, cap, select_warps, fused, tile_write, select_maxnreg, ballot_write)
+    return programs_per_sm, num_warps, cap, sample_kw, filter_kw, selects
 
 
 def _select_common(topk: int, lists: int, cap: int, direct: int, block: int, radix_bits: int, stats: bool) -> dict:
@@ -726,28 +875,32 @@ def _select_common(topk: int, lists: int, cap: int, direct: int, block: int, rad
 
 
 def _select_launches(common: dict, tile: int, cap: int, select_warps: int, fused: bool = False,
-                     tile_write: bool = False, select_maxnreg: int | None = None) -> tuple:
+                     tile_write: bool = False, select_maxnreg: int | None = None, ballot_write: bool = False) -> tuple:
     """The select kernel's launches as ``((first, keywords), ...)``: the first (unless fused
     into the filter) with tiles of ``tile`` slots; then the rows whose lists did not fit,
-    with tiles of ``cap`` (and, fused, the plain road's), unless the first tile holds them."""
+    with tiles of ``cap`` (and, fused, the plain road's), unless the first tile holds them.
+    ``ballot_write`` (NVIDIA): each launch whose write chunks allow it places the indices by
+    warp ballots and a per-row counter instead of a scan."""
     lists = common["W"]
     selects = []
     for first, slots in ((True, tile), (False, cap)):
         if (first and fused) or (not first and slots == tile and not fused):
             continue
+        ch = slots if tile_write and first else min(1024, slots)
+        warps = select_warps if first else max(select_warps, min(16, slots // 1024))
         selects.append((first, dict(
-            STW=slots // lists, CH=slots if tile_write and first else min(1024, slots), FIRST=first,
-            num_warps=select_warps if first else max(select_warps, min(16, slots // 1024)),
+            STW=slots // lists, CH=ch, FIRST=first, num_warps=warps, WB=ballot_write and _ballot_write_ok(ch, warps),
             **common, **(dict(maxnreg=select_maxnreg) if first and select_maxnreg else {}))))
     return tuple(selects)
 
 
 def _run_selects(device: torch.device, rows: int, selects: tuple, logits, starts, lengths, out, cand32, counts, thr,
-                 ctl, stats, stride_lm: int, sample_min: int) -> None:
-    # one program a row for the first launch, one an SM pulling queued rows for the second
+                 ctl, wpos, stats, stride_lm: int, sample_min: int) -> None:
+    # one program a row for the first launch, one an SM pulling queued rows for the second;
+    # wpos: a zeroed int32 write counter a row (a row is written by one launch only)
     for first, kw in selects:
         _select_kernel[(rows if first else _programs(device, rows, 1),)](
-            logits, starts, lengths, out, cand32, counts, thr, ctl, stats, stride_lm, out.stride(0), sample_min,
+            logits, starts, lengths, out, cand32, counts, thr, ctl, wpos, stats, stride_lm, out.stride(0), sample_min,
             **kw)
 
 
@@ -771,6 +924,8 @@ def ragged_topk(
     filter_maxnreg: int | None = None,
     select_maxnreg: int | None = None,
     dynamic: bool | None = None,
+    presample: bool | None = None,
+    ballot_write: bool | None = None,
     radix_bits: int = RADIX_BITS,
     pieces: int | None = None,
     piece: int = PIECE,
@@ -812,6 +967,11 @@ def ragged_topk(
             registers.
         dynamic: Filter programs take rows from a shared counter (an atomic add a row) rather
             than every ``nprog``-th row: no tail of programs holding one row more than others.
+        presample: The rows' sample thresholds come from a kernel of their own (one program a
+            row) before the filter kernel, which then only streams.
+        ballot_write: The select kernel places the selected indices by warp ballots and one
+            atomic add a warp on a per-row counter, instead of a block-wide scan (NVIDIA
+            only; write chunks of a multiple of 128 keys a warp, else the scan).
         filter_maxnreg, select_maxnreg: Register cap a thread of the filter kernel, of the
             first select launch (NVIDIA only; fewer registers, more programs an SM, maybe
             spills; with ``fused`` the select runs in the filter kernel, under
@@ -858,28 +1018,29 @@ def ragged_topk(
                          f"{stats.dtype} {list(stats.shape)} on {stats.device}")
     device = logits.device
     cfg = tuple((key, type(value), value) for key, value in launch_config(device).items())
-    programs_per_sm, num_warps, cap, filter_kw, selects = _plan(
+    programs_per_sm, num_warps, cap, sample_kw, filter_kw, selects = _plan(
         device, cfg, topk, n, block, filter_block, num_warps, programs_per_sm, select_warps, tile, ballot, fused,
-        prefetch, tile_write, filter_maxnreg, select_maxnreg, dynamic, radix_bits, pieces, piece, sparse, sigmas, cap,
-        sample_low_bit, sample_slack, stats is not None)
+        prefetch, tile_write, filter_maxnreg, select_maxnreg, dynamic, presample, ballot_write, radix_bits, pieces,
+        piece, sparse, sigmas, cap, sample_low_bit, sample_slack, stats is not None)
     if rows == 0:
         return
     # int32 or int64 as they come (the kernels load either): no conversion launches
     starts = _index_vector(starts_rel)
     lens = _index_vector(lengths)
     cand = torch.empty(rows, cap, dtype=torch.int64, device=device)
-    # one zeroed int32 block (one allocation, one fill): the per-list counts, the
-    # thresholds, then ctl: [0] the filter's next row (dynamic), [1] rows queued for the
-    # second select launch, [2] its next entry, [3:] the queue
-    scratch = torch.zeros(rows * (num_warps + 2) + 3, dtype=torch.int32, device=device)
+    # one zeroed int32 block (one allocation, one fill): the per-list counts, the two
+    # thresholds, the write counters, then ctl: [0] the filter's next row (dynamic), [1]
+    # rows queued for the second select launch, [2] its next entry, [3:] the queue
+    scratch = torch.zeros(rows * (num_warps + 4) + 3, dtype=torch.int32, device=device)
     counts = scratch[: rows * num_warps].view(rows, num_warps)
-    thr = scratch[rows * num_warps: rows * (num_warps + 1)]
-    ctl = scratch[rows * (num_warps + 1):]
+    thr, thr2, wpos, ctl = scratch[rows * num_warps:].split((rows, rows, rows, rows + 3))
     stats_arg = stats if stats is not None else lens
     cand32 = cand.view(torch.int32)
     with device_guard(logits):
+        if sample_kw is not None:
+            _sample_kernel[(rows,)](logits, starts, lens, thr, thr2, logits.stride(0), sample_min, **sample_kw)
         _filter_kernel[(_programs(device, rows, programs_per_sm),)](
-            logits, starts, lens, cand, cand32, counts, thr, out, ctl, stats_arg,
+            logits, starts, lens, cand, cand32, counts, thr, thr2, out, ctl, wpos, stats_arg,
             rows, logits.stride(0), out.stride(0), sample_min, **filter_kw)
-        _run_selects(device, rows, selects, logits, starts, lens, out, cand32, counts, thr, ctl, stats_arg,
+        _run_selects(device, rows, selects, logits, starts, lens, out, cand32, counts, thr, ctl, wpos, stats_arg,
                      logits.stride(0), sample_min)
