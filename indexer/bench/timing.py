@@ -35,6 +35,26 @@ def median_ms(fn: Callable[[], object], device: torch.device, warmup: int = 2, r
     return statistics.median(times)
 
 
+def queued_median_ms(fn: Callable[[], object], device: torch.device, warmup: int = 2, repeats: int = 5) -> float:
+    """Median device time of ``fn`` in milliseconds: the calls queued back to back, a CUDA
+    event between each two and one synchronize at the end, so that the host launches the next
+    call while the device runs this one (Triton's ``do_bench`` times this way; a host slower
+    than the device still shows). :func:`median_ms` synchronizes around each call, so its
+    times include the host's time to launch. CPU: :func:`median_ms`."""
+    if device.type != "cuda":
+        return median_ms(fn, device, warmup, repeats)
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize(device)
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(repeats + 1)]
+    events[0].record()
+    for event in events[1:]:
+        fn()
+        event.record()
+    torch.cuda.synchronize(device)
+    return statistics.median(a.elapsed_time(b) for a, b in zip(events, events[1:]))
+
+
 def int_list(text: str) -> list[int]:
     """``"16384,65536"`` -> ``[16384, 65536]`` (a comma-separated CLI option)."""
     return [int(x) for x in text.split(",")]

@@ -32,7 +32,7 @@ import os
 
 import torch
 
-from .timing import int_list, median_ms, table
+from .timing import int_list, median_ms, queued_median_ms, table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -60,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune-dynamic", default="0", help="filter rows from a shared counter (1) or strided (0)")
     p.add_argument("--tune-filter-maxnreg", default="0", help="filter kernel register caps (0: none)")
     p.add_argument("--tune-select-maxnreg", default="0", help="select kernel register caps (0: none)")
+    p.add_argument("--tune-presample", default="0,1", help="sample thresholds in a kernel of their own (1) or in the "
+                                                           "filter kernel (0)")
+    p.add_argument("--tune-ballot-write", default="1", help="select writes by warp ballots (1, NVIDIA) or a scan (0)")
     p.add_argument("--tune-context", type=int, default=None, help="N of the tuning run (default: the largest --context)")
 
 
@@ -125,9 +128,12 @@ def run(args: argparse.Namespace) -> int:
 
         def add(method, fn, out, note=""):
             ms = median_ms(fn, device, warmup=1, repeats=args.repeats)
+            queued = queued_median_ms(fn, device, warmup=1, repeats=args.repeats)
             fn()
-            rows.append(dict(base, method=method, ms=ms, same=_same(out, ref) if out is not None else None,
-                             x_floor=ms / floor if floor else None, note=note))
+            rows.append(dict(base, method=method, ms=ms, queued_ms=queued,
+                             same=_same(out, ref) if out is not None else None,
+                             x_floor=ms / floor if floor else None, x_floor_queued=queued / floor if floor else None,
+                             note=note))
 
         vals = torch.empty(m, k, dtype=torch.float32, device=device)
         idx = torch.empty(m, k, dtype=torch.int64, device=device)
@@ -159,11 +165,13 @@ def run(args: argparse.Namespace) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     cols = [("N", "keys N", "d"), ("M", "rows M", "d"), ("method", "top-k", "s"), ("ms", "ms", ".3f"),
-            ("speedup", "vs torch.topk", ".2f"), ("floor_ms", "floor ms", ".3f"), ("x_floor", "x floor", ".2f"),
+            ("queued_ms", "queued ms", ".3f"), ("speedup", "vs torch.topk", ".2f"), ("floor_ms", "floor ms", ".3f"),
+            ("x_floor", "x floor", ".2f"), ("x_floor_queued", "queued x floor", ".2f"),
             ("same", "same set", ".1%"), ("note", "note", "s")]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     bw_text = f", copy bandwidth {bw / 1e9:.2f} TB/s" if bw else ""
-    print(f"bench topk: topk={k} H={args.heads} D={args.head_dim} on {device} ({name}){bw_text}, median of {args.repeats}")
+    print(f"bench topk: topk={k} H={args.heads} D={args.head_dim} on {device} ({name}){bw_text}, median of {args.repeats}"
+          " (ms: a synchronize around each call; queued ms: calls back to back, the host launching ahead)")
     print(table(rows, cols))
     e2e = _end_to_end(args, device) if args.e2e else []
     fused = _fused(args, device) if args.fused else []
@@ -203,12 +211,14 @@ def _tune(args: argparse.Namespace, device: torch.device) -> dict:
     out = torch.empty(m, args.topk, dtype=torch.int32, device=device)
     rows = []
     grid = [dict(filter_block=128 * w, num_warps=w, programs_per_sm=p, select_warps=s, fused=bool(f), prefetch=d,
-                 tile_write=bool(tw), filter_maxnreg=fr or None, select_maxnreg=sr or None, dynamic=bool(dy))
+                 tile_write=bool(tw), filter_maxnreg=fr or None, select_maxnreg=sr or None, dynamic=bool(dy),
+                 presample=bool(ps), ballot_write=bool(bw) and T._nvidia(device))
             for w in int_list(args.tune_warps) for p in int_list(args.tune_per_sm)
             for f in int_list(args.tune_fused) for s in (int_list(args.tune_select_warps) if not f else [w])
             for d in int_list(args.tune_prefetch) for tw in int_list(args.tune_tile_write)
             for fr in int_list(args.tune_filter_maxnreg) for sr in int_list(args.tune_select_maxnreg)
-            for dy in int_list(args.tune_dynamic)]
+            for dy in int_list(args.tune_dynamic) for ps in int_list(args.tune_presample)
+            for bw in sorted(set(int_list(args.tune_ballot_write)))]
     for cfg in grid:
         ms = median_ms(lambda: T.ragged_topk(logits, starts, lengths, args.topk, out, **cfg), device,
                        warmup=1, repeats=args.repeats)
@@ -220,7 +230,8 @@ def _tune(args: argparse.Namespace, device: torch.device) -> dict:
                        ("programs_per_sm", "programs/SM", "d"), ("prefetch", "prefetch", "d"),
                        ("fused", "fused", "d"), ("select_warps", "select warps", "d"),
                        ("tile_write", "tile write", "d"), ("filter_maxnreg", "filter regs", "d"),
-                       ("select_maxnreg", "select regs", "d"), ("dynamic", "dynamic", "d"), ("ms", "ms", ".3f"),
+                       ("select_maxnreg", "select regs", "d"), ("dynamic", "dynamic", "d"),
+                       ("presample", "presample", "d"), ("ballot_write", "ballot write", "d"), ("ms", "ms", ".3f"),
                        ("same", "same set", ".1%")]))
     best = {key: value for key, value in rows[0].items() if key not in ("ms", "same")}  # the grid's config
     T.TOPK_CONFIGS[T._arch(device)] = best

@@ -147,19 +147,22 @@ if triton is not None:
             "{ .reg .b32 t; mov.u32 t, %tid.x; shr.u32 $0, t, 5; }", "=r,r", [x], dtype=tl.int32, is_pure=True, pack=1)
 
     @triton.jit
-    def _warp_slots(sel32, ctr):
-        """Per selected (nonzero) element: a slot from the counter ``*ctr`` (int32, one
-        address for every element), distinct across the program. NVIDIA only (inline PTX).
-        Each warp ranks its selected elements, four registers of each lane at a time, with a
-        ballot, and one lane takes the warp's total from the counter with one atomic add:
-        no scan across the block (a ``tl.cumsum`` of an index tile shuffled every element
-        through 5 warp steps and a barrier). Slots come in no particular order; unselected
-        elements get meaningless values."""
+    def _warp_store(sel32, value, ctr, dst):
+        """``dst[slot] = value`` for every selected (nonzero ``sel32``) element, each at a slot
+        of its own taken from the counter ``*ctr`` (int32; ``ctr`` and ``dst`` one address for
+        every element). NVIDIA only (inline PTX). Each warp ranks its selected elements, four
+        registers of each lane at a time, with a ballot, and one lane takes the warp's total
+        from the counter with one atomic add: no scan across the block (a ``tl.cumsum`` of an
+        index tile shuffled every element through 5 warp steps and a barrier). Slots come in
+        no particular order. The store is inside the asm: returned slots were recomputed by
+        Triton in another layout (the asm run twice, the counter advanced twice), so the
+        asm's result is a placeholder nobody converts."""
         return tl.inline_asm_elementwise(
             """
             {
             .reg .pred p0, p1, p2, p3, pl;
             .reg .b32 b0, b1, b2, b3, lt, q0, q1, q2, q3, t, base, lane;
+            .reg .b64 a;
             setp.ne.s32 p0, $4, 0;
             setp.ne.s32 p1, $5, 0;
             setp.ne.s32 p2, $6, 0;
@@ -191,34 +194,51 @@ if triton is not None:
             setp.eq.u32 pl, lane, 0;
             setp.ne.and.u32 pl, t, 0, pl;
             mov.u32 base, 0;
-            @pl atom.global.add.u32 base, [$8], t;
+            @pl atom.global.add.u32 base, [$12], t;
             shfl.sync.idx.b32 base, base, 0, 0x1f, 0xffffffff;
-            add.u32 $0, q0, base;
-            add.u32 $1, q1, base;
-            add.u32 $2, q2, base;
-            add.u32 $3, q3, base;
+            add.u32 q0, q0, base;
+            mul.wide.u32 a, q0, 4;
+            add.s64 a, a, $16;
+            @p0 st.global.b32 [a], $8;
+            add.u32 q1, q1, base;
+            mul.wide.u32 a, q1, 4;
+            add.s64 a, a, $16;
+            @p1 st.global.b32 [a], $9;
+            add.u32 q2, q2, base;
+            mul.wide.u32 a, q2, 4;
+            add.s64 a, a, $16;
+            @p2 st.global.b32 [a], $10;
+            add.u32 q3, q3, base;
+            mul.wide.u32 a, q3, 4;
+            add.s64 a, a, $16;
+            @p3 st.global.b32 [a], $11;
+            mov.u32 $0, 0;
+            mov.u32 $1, 0;
+            mov.u32 $2, 0;
+            mov.u32 $3, 0;
             }
             """,
-            "=r,=r,=r,=r,r,r,r,r,l,l,l,l",
-            [sel32, ctr],
+            "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l",
+            [sel32, value, ctr, dst],
             dtype=tl.int32,
             is_pure=False,
             pack=4,
         )
 
     @triton.jit
-    def _write_slots(obase, sel, wpos_ptr, taken, WB: tl.constexpr):
-        """Output positions of the selected elements of a chunk (``taken`` written before it):
-        the ballot's (:func:`_warp_slots`, positions from the row's counter ``*wpos_ptr``)
-        where ``WB``, else a scan. Returns the store pointers and the new ``taken``."""
+    def _write_out(obase, sel, value, wpos_ptr, taken, WB: tl.constexpr):
+        """``value`` of the selected elements of a chunk to ``obase``, after the ``taken``
+        written before it: by warp ballots (:func:`_warp_store`, slots from the row's counter
+        ``*wpos_ptr``) where ``WB``, else at a scan's positions. Returns the new ``taken``
+        (unchanged with ``WB``: the counter carries it)."""
         if WB:
-            # (taken is not needed: the counter carries it)
-            pos = _warp_slots(sel.to(tl.int32), wpos_ptr + tl.zeros(sel.shape, tl.int32))
+            zero = tl.zeros(sel.shape, tl.int32)
+            _warp_store(sel.to(tl.int32), value, wpos_ptr + zero, obase + zero)
             new_taken = taken
         else:
-            pos = taken + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+            tl.store(obase + taken + tl.cumsum(sel.to(tl.int32), axis=0) - 1, value, mask=sel)
             new_taken = taken + tl.sum(sel.to(tl.int32), axis=0)
-        return obase + pos, new_taken
+        return new_taken
 
     @triton.jit
     def _search(keys, need, lo, hi, stop, LOW_BIT: tl.constexpr):
@@ -409,8 +429,8 @@ if triton is not None:
 
     @triton.jit
     def _filter_kernel(
-        logits_ptr, starts_ptr, lengths_ptr, cand_ptr, cand32_ptr, cnt_ptr, thr_ptr, thr2_ptr, out_ptr, ctl_ptr,
-        wpos_ptr, stats_ptr, rows, stride_lm, stride_om, sample_min,
+        logits_ptr, starts_ptr, lengths_ptr, cand_ptr, cand32_ptr, cnt_ptr, thr_ptr, out_ptr, ctl_ptr, wpos_ptr,
+        stats_ptr, rows, stride_lm, stride_om, sample_min,
         K: tl.constexpr,
         W: tl.constexpr,
         BW: tl.constexpr,
@@ -444,10 +464,9 @@ if triton is not None:
         steps overlap the other programs' streaming on the SM. ``DYNAMIC``: a program takes
         its next row from the counter ``ctl[0]`` (zeroed by the caller), so programs
         that run end together and programs the SM could not hold at once find no row left;
-        otherwise rows ``pid, pid + nprog, ...``. ``PRESAMPLE``: the thresholds come from
-        :func:`_sample_kernel` (``thr[row]``, then ``thr2[row]`` if too few keys pass), so
-        that no program stops streaming for a sample's search and the sample's registers
-        leave the kernel."""
+        otherwise rows ``pid, pid + nprog, ...``. ``PRESAMPLE``: the first threshold comes
+        from :func:`_sample_kernel` (``thr[row]``), so that no program stops streaming for a
+        sample's search; the rare retry still searches here."""
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
         CAP: tl.constexpr = W * WCAP
@@ -464,22 +483,18 @@ if triton is not None:
             if (length > DIRECT) & (length >= sample_min):
                 base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
                 cand = cand_ptr + row * CAP
+                sidx, smask, s = _row_sample(length, pp, pj, NP, PIECE, SPARSE)
+                r = _sample_rank(K, s, length, SIGMAS)
                 if PRESAMPLE:
                     t = tl.load(thr_ptr + row)
-                    total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT, DEPTH)
-                    if total < K:
-                        t = tl.load(thr2_ptr + row)
-                        total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT, DEPTH)
                 else:
-                    sidx, smask, s = _row_sample(length, pp, pj, NP, PIECE, SPARSE)
-                    r = _sample_rank(K, s, length, SIGMAS)
                     t = _sample_threshold(_sample_keys(base, sidx, smask), r, SLACK, LOW_BIT)
+                total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT, DEPTH)
+                if total < K:
+                    # too few keys passed (rare): once more, twice as deep into the sample
+                    # (read again, so that it is not held in registers through the pass)
+                    t = _sample_threshold(_sample_keys(base, sidx, smask), tl.minimum(2 * r, s), SLACK, LOW_BIT)
                     total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT, DEPTH)
-                    if total < K:
-                        # too few keys passed: once more, twice as deep into the sample (read
-                        # again, so that it is not held in registers through the pass)
-                        t = _sample_threshold(_sample_keys(base, sidx, smask), tl.minimum(2 * r, s), SLACK, LOW_BIT)
-                        total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT, DEPTH)
                 tl.store(thr_ptr + row, t)
             if FUSED:
                 # one thread stored the threshold; every thread of the select reads it
@@ -506,7 +521,7 @@ if triton is not None:
 
     @triton.jit
     def _sample_kernel(
-        logits_ptr, starts_ptr, lengths_ptr, thr_ptr, thr2_ptr, stride_lm, sample_min,
+        logits_ptr, starts_ptr, lengths_ptr, thr_ptr, stride_lm, sample_min,
         K: tl.constexpr,
         NP: tl.constexpr,
         PIECE: tl.constexpr,
@@ -516,9 +531,10 @@ if triton is not None:
         LOW_BIT: tl.constexpr,
         DIRECT: tl.constexpr,
     ):
-        """The filter kernel's two thresholds of row ``program_id`` (if it filters the row),
-        from the same sample: ``thr[row]`` at the sample's rank (:func:`_sample_rank`),
-        ``thr2[row]`` twice as deep, for a row too few of whose keys reach the first."""
+        """The filter kernel's threshold ``thr[row]`` of row ``program_id`` (if it filters the
+        row), at its sample's rank (:func:`_sample_rank`). ``PIECE`` may be any power of two
+        at least the longest run of the rows (``n / NP / SPARSE``): the sample is the same,
+        the tile smaller."""
         row = tl.program_id(0).to(tl.int64)
         length = tl.load(lengths_ptr + row).to(tl.int32)
         if (length > DIRECT) & (length >= sample_min):
@@ -526,9 +542,7 @@ if triton is not None:
             si = tl.arange(0, NP * PIECE)
             sidx, smask, s = _row_sample(length, si // PIECE, si % PIECE, NP, PIECE, SPARSE)
             skeys = _sample_keys(base, sidx, smask)
-            r = _sample_rank(K, s, length, SIGMAS)
-            tl.store(thr_ptr + row, _sample_threshold(skeys, r, SLACK, LOW_BIT))
-            tl.store(thr2_ptr + row, _sample_threshold(skeys, tl.minimum(2 * r, s), SLACK, LOW_BIT))
+            tl.store(thr_ptr + row, _sample_threshold(skeys, _sample_rank(K, s, length, SIGMAS), SLACK, LOW_BIT))
 
     @triton.jit
     def _defer(ctl_ptr, row):
@@ -618,12 +632,11 @@ if triton is not None:
                     if CH >= T:
                         # the write from the tile in registers: one scan (or ballot), and the
                         # columns of the selected slots only
-                        dst, _ = _write_slots(obase, sel, wpos_ptr + row, 0, WB)
                         if direct:
                             ci = idx
                         else:
                             ci = tl.load(_slot(cand32_ptr, row, idx, CAP, WCAP, STW) + 1, mask=sel, other=0)
-                        tl.store(dst, ci, mask=sel)
+                        _write_out(obase, sel, ci, wpos_ptr + row, 0, WB)
                     else:
                         # the write re-reads the candidates a chunk at a time, so that the key
                         # tile is the only large value held in registers (more rows in flight per SM)
@@ -639,8 +652,7 @@ if triton is not None:
                                 bits, ci = _slot_both(cand32_ptr, row, i, m, CAP, WCAP, STW)
                                 key = _skey(bits.to(tl.float32, bitcast=True))
                             take = m & ((key > kth) | ((key == kth) & (ci <= colth)))
-                            dst, taken = _write_slots(obase, take, wpos_ptr + row, taken, WB)
-                            tl.store(dst, ci, mask=take)
+                            taken = _write_out(obase, take, ci, wpos_ptr + row, taken, WB)
                     if STATS:
                         tl.atomic_add(stats_ptr + tl.where(direct, 3, 1), 1)
             elif road == 1:
@@ -697,7 +709,8 @@ DEFAULT_CONFIG = dict(num_warps=4, filter_block=512, programs_per_sm=8, select_w
                       presample=False, ballot_write=False)
 TOPK_CONFIGS: dict[str, dict] = {
     # H200, M=8192 late chunk, N=64K-256K, topk=2048 (docs/benchmarks.md)
-    "sm90": dict(num_warps=8, filter_block=1024, programs_per_sm=8, select_warps=4, prefetch=2, dynamic=True),
+    "sm90": dict(num_warps=8, filter_block=1024, programs_per_sm=8, select_warps=4, prefetch=2, dynamic=True,
+                 presample=True, ballot_write=True, filter_maxnreg=40),
 }
 
 
@@ -726,9 +739,9 @@ def default_cap(topk: int) -> int:
 
 def scratch_bytes_per_row(topk: int) -> int:
     """Bytes of :func:`ragged_topk`'s temporaries a row at the default capacity: the
-    candidate lists (value and column a slot), the per-list counts (16 lists at most), two
-    thresholds, a write counter and a queue entry."""
-    return 8 * default_cap(topk) + 4 * 16 + 16
+    candidate lists (value and column a slot), the per-list counts (16 lists at most), the
+    threshold, a write counter and a queue entry."""
+    return 8 * default_cap(topk) + 4 * 16 + 12
 
 
 def _int(x) -> bool:
@@ -859,10 +872,12 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
         **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
     sample_kw = None
     if presample:
-        # the sample's search: 16 keys a thread at the default 4096 sampled keys
-        sample_kw = dict(K=topk, NP=pieces, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
+        # runs no longer than the longest row needs: a smaller tile, the same sample; 16
+        # keys a thread (8 warps at 4096 keys)
+        run = min(piece, _next_pow2(max(1, n // pieces // sparse)))
+        sample_kw = dict(K=topk, NP=pieces, PIECE=run, SPARSE=sparse, SIGMAS=float(sigmas),
                          SLACK=float(sample_slack), LOW_BIT=sample_low_bit, DIRECT=tile,
-                         num_warps=max(1, min(8, pieces * piece // 512)))
+                         num_warps=max(1, min(8, pieces * run // 512)))
     selects = _select_launches(common, tile, cap, select_warps, fused, tile_write, select_maxnreg, ballot_write)
     return programs_per_sm, num_warps, cap, sample_kw, filter_kw, selects
 
@@ -968,7 +983,8 @@ def ragged_topk(
         dynamic: Filter programs take rows from a shared counter (an atomic add a row) rather
             than every ``nprog``-th row: no tail of programs holding one row more than others.
         presample: The rows' sample thresholds come from a kernel of their own (one program a
-            row) before the filter kernel, which then only streams.
+            row) before the filter kernel, which then only streams (a rare retry, too few
+            keys through, still searches there).
         ballot_write: The select kernel places the selected indices by warp ballots and one
             atomic add a warp on a per-row counter, instead of a block-wide scan (NVIDIA
             only; write chunks of a multiple of 128 keys a warp, else the scan).
@@ -1028,19 +1044,19 @@ def ragged_topk(
     starts = _index_vector(starts_rel)
     lens = _index_vector(lengths)
     cand = torch.empty(rows, cap, dtype=torch.int64, device=device)
-    # one zeroed int32 block (one allocation, one fill): the per-list counts, the two
+    # one zeroed int32 block (one allocation, one fill): the per-list counts, the
     # thresholds, the write counters, then ctl: [0] the filter's next row (dynamic), [1]
     # rows queued for the second select launch, [2] its next entry, [3:] the queue
-    scratch = torch.zeros(rows * (num_warps + 4) + 3, dtype=torch.int32, device=device)
+    scratch = torch.zeros(rows * (num_warps + 3) + 3, dtype=torch.int32, device=device)
     counts = scratch[: rows * num_warps].view(rows, num_warps)
-    thr, thr2, wpos, ctl = scratch[rows * num_warps:].split((rows, rows, rows, rows + 3))
+    thr, wpos, ctl = scratch[rows * num_warps:].split((rows, rows, rows + 3))
     stats_arg = stats if stats is not None else lens
     cand32 = cand.view(torch.int32)
     with device_guard(logits):
         if sample_kw is not None:
-            _sample_kernel[(rows,)](logits, starts, lens, thr, thr2, logits.stride(0), sample_min, **sample_kw)
+            _sample_kernel[(rows,)](logits, starts, lens, thr, logits.stride(0), sample_min, **sample_kw)
         _filter_kernel[(_programs(device, rows, programs_per_sm),)](
-            logits, starts, lens, cand, cand32, counts, thr, thr2, out, ctl, wpos, stats_arg,
+            logits, starts, lens, cand, cand32, counts, thr, out, ctl, wpos, stats_arg,
             rows, logits.stride(0), out.stride(0), sample_min, **filter_kw)
         _run_selects(device, rows, selects, logits, starts, lens, out, cand32, counts, thr, ctl, wpos, stats_arg,
                      logits.stride(0), sample_min)
