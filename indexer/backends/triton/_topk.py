@@ -15,13 +15,17 @@ a threshold ``t`` that the row's k-th key reaches unless the sample is unlucky b
 places its keys with a ballot and a popcount (inline PTX), so the pass needs no block-wide
 scan; elsewhere (AMD, the CPU interpreter) a per-warp-row ``tl.cumsum`` does the same. If
 fewer than k keys pass, the pass runs once more with a sample threshold twice as deep.
+(``presample=True``, the sm90 default: the first threshold comes from a *sample* kernel run
+before, one program a row, so the filter kernel only streams.)
 
 *Select* (one program per row). The candidates (or the whole row, when it fits the tile)
 sit in registers; the k-th key is found by a bit-by-bit search on counts (``count(key >=
 x) >= k``), each step one compare per key and one block reduction, in the bits where the
 threshold and the largest candidate differ, ending early once exactly k keys reach the
 bound. Ties at the k-th key go to the lowest columns (a second search on the columns of
-the tied keys), the rule of the torch path, so both select the same set. A row whose
+the tied keys), the rule of the torch path, so both select the same set. The selected
+indices are written at a scan's positions, or (``ballot_write=True``, NVIDIA, the sm90
+default) at slots a warp ballot and one atomic add a warp on a per-row counter give. A row whose
 per-warp lists overflow the first tile is queued for a second launch with a tile as large
 as the lists (one program an SM pulling rows from the queue: a launch with an empty queue
 costs a load a program). (``fused=True`` runs the first select inside the filter kernel
