@@ -113,18 +113,23 @@ def test_bad_radix_bits_is_refused():
         T.ragged_topk(logits, *_one_row_args(8), radix_bits=3)
 
 
-@pytest.mark.parametrize("topk,road", [(16, T.STAT_SAMPLED), (100, T.STAT_PLAIN)])
-def test_unlucky_sample_retries_then_falls_back_to_the_plain_select(topk, road):
-    # every large value sits in a run the sample reads: the sample's r-th largest is one of
-    # them and exactly r keys of the row reach it, fewer than k. The filter retries with the
-    # sample's 2r-th largest: enough for k=16 (the sampled road serves the row), still too
-    # few for k=100 (the plain select must), the scratch being large enough for both
+def _unlucky_rows():
+    # 3 rows of 512 keys whose every large value sits in a run the sample reads (pieces=16
+    # with SMALL_ROAD): the sample's r-th largest is one of them and exactly r keys of the row
+    # reach it. Returns logits, starts, lengths
     n = 512
     col = torch.arange(n)
     vals = torch.rand(3, n) - 10.0
     vals[:, (col // 8) % 4 == 0] += 20.0
-    starts = torch.zeros(3, dtype=torch.int64)
-    lengths = torch.full((3,), n, dtype=torch.int64)
+    return vals, torch.zeros(3, dtype=torch.int64), torch.full((3,), n, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("topk,road", [(16, T.STAT_SAMPLED), (100, T.STAT_PLAIN)])
+def test_unlucky_sample_retries_then_falls_back_to_the_plain_select(topk, road):
+    # r keys reach the sample's threshold, fewer than k. The filter retries with the
+    # sample's 2r-th largest: enough for k=16 (the sampled road serves the row), still too
+    # few for k=100 (the plain select must), the scratch being large enough for both
+    vals, starts, lengths = _unlucky_rows()
     stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=4096, pieces=16, **SMALL_ROAD)
     assert stats[road] == 3, stats
 
@@ -400,14 +405,9 @@ def test_presampled_thresholds_select_the_same_sets(kw):
 
 @pytest.mark.parametrize("topk,road", [(16, T.STAT_SAMPLED), (100, T.STAT_PLAIN)])
 def test_presampled_second_threshold_serves_an_unlucky_sample(topk, road):
-    # the unlucky rows of test_unlucky_sample_retries_then_falls_back_to_the_plain_select: the
-    # first threshold lets r < k keys through, the second (2r) enough for k=16 only
-    n = 512
-    col = torch.arange(n)
-    vals = torch.rand(3, n) - 10.0
-    vals[:, (col // 8) % 4 == 0] += 20.0
-    starts = torch.zeros(3, dtype=torch.int64)
-    lengths = torch.full((3,), n, dtype=torch.int64)
+    # the sample kernel's threshold lets r < k keys through; the filter's retry (2r) enough
+    # for k=16 only
+    vals, starts, lengths = _unlucky_rows()
     stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=4096, pieces=16, presample=True, **SMALL_ROAD)
     assert stats[road] == 3, stats
 

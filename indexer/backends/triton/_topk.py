@@ -69,7 +69,40 @@ RADIX_BITS = 4
 #: on the row itself (longer than k, within the select tile).
 STAT_SHORT, STAT_SAMPLED, STAT_PLAIN, STAT_DIRECT = 0, 1, 2, 3
 
+def _ballot_ranks_ptx(first: int) -> str:
+    """PTX shared by the ballot helpers: from the four flags ``$first .. $first + 3`` (nonzero:
+    selected; four registers of each lane), ``q0``-``q3`` each selected element's rank among
+    its warp's (lower lanes first, register by register) and ``t`` the warp's count. Declares
+    ``q0``-``q3``, ``t`` and the predicates ``p0``-``p3`` (selected) for the code after it."""
+    sets = "".join(f"setp.ne.s32 p{j}, ${first + j}, 0;\n" for j in range(4))
+    votes = "".join(f"vote.sync.ballot.b32 b{j}, p{j}, 0xffffffff;\n" for j in range(4))
+    ranks = "".join(f"and.b32 q{j}, b{j}, lt;\npopc.b32 q{j}, q{j};\n" for j in range(4))
+    counts = "".join(f"popc.b32 b{j}, b{j};\n" for j in range(4))
+    return (".reg .pred p0, p1, p2, p3;\n.reg .b32 b0, b1, b2, b3, lt, q0, q1, q2, q3, t;\n" + sets + votes
+            + "mov.u32 lt, %lanemask_lt;\n" + ranks + counts
+            + "add.u32 q1, q1, b0;\nadd.u32 t, b0, b1;\nadd.u32 q2, q2, t;\nadd.u32 t, t, b2;\n"
+            "add.u32 q3, q3, t;\nadd.u32 t, t, b3;\n")
+
+
+#: :func:`_warp_ranks`'s PTX: the ranks to ``$0``-``$3``, the warp's count to ``$4``-``$7``.
+_WARP_RANKS_PTX = ("{\n" + _ballot_ranks_ptx(8) + "".join(f"mov.u32 ${j}, q{j};\n" for j in range(4))
+                   + "".join(f"mov.u32 ${4 + j}, t;\n" for j in range(4)) + "}\n")
+#: :func:`_warp_store`'s PTX: one lane takes the warp's slots from the counter ``[$12]``, then
+#: each selected element stores its value (``$8``-``$11``) at ``$16 + 4 * slot``.
+_WARP_STORE_PTX = ("{\n" + _ballot_ranks_ptx(4)
+                   + ".reg .pred pl;\n.reg .b32 base, lane;\n.reg .b64 a;\n"
+                   "mov.u32 lane, %laneid;\nsetp.eq.u32 pl, lane, 0;\nsetp.ne.and.u32 pl, t, 0, pl;\n"
+                   "mov.u32 base, 0;\n@pl atom.global.add.u32 base, [$12], t;\n"
+                   "shfl.sync.idx.b32 base, base, 0, 0x1f, 0xffffffff;\n"
+                   + "".join(f"add.u32 q{j}, q{j}, base;\nmul.wide.u32 a, q{j}, 4;\nadd.s64 a, a, $16;\n"
+                             f"@p{j} st.global.b32 [a], ${8 + j};\n" for j in range(4))
+                   + "".join(f"mov.u32 ${j}, 0;\n" for j in range(4)) + "}\n")
+
+
 if triton is not None:
+    # (a jit function reads module globals only as constexprs)
+    _WARP_RANKS_ASM = tl.constexpr(_WARP_RANKS_PTX)
+    _WARP_STORE_ASM = tl.constexpr(_WARP_STORE_PTX)
 
     @triton.jit
     def _skey(v):
@@ -95,44 +128,7 @@ if triton is not None:
         warp's count of them. NVIDIA only (inline PTX); four elements a thread, so every
         lane holds exactly four of the block's."""
         return tl.inline_asm_elementwise(
-            """
-            {
-            .reg .pred p0, p1, p2, p3;
-            .reg .b32 b0, b1, b2, b3, lt, q0, q1, q2, q3;
-            setp.ne.s32 p0, $8, 0;
-            setp.ne.s32 p1, $9, 0;
-            setp.ne.s32 p2, $10, 0;
-            setp.ne.s32 p3, $11, 0;
-            vote.sync.ballot.b32 b0, p0, 0xffffffff;
-            vote.sync.ballot.b32 b1, p1, 0xffffffff;
-            vote.sync.ballot.b32 b2, p2, 0xffffffff;
-            vote.sync.ballot.b32 b3, p3, 0xffffffff;
-            mov.u32 lt, %lanemask_lt;
-            and.b32 q0, b0, lt;
-            popc.b32 q0, q0;
-            and.b32 q1, b1, lt;
-            popc.b32 q1, q1;
-            and.b32 q2, b2, lt;
-            popc.b32 q2, q2;
-            and.b32 q3, b3, lt;
-            popc.b32 q3, q3;
-            popc.b32 b0, b0;
-            popc.b32 b1, b1;
-            popc.b32 b2, b2;
-            popc.b32 b3, b3;
-            mov.u32 $0, q0;
-            add.u32 $1, q1, b0;
-            add.u32 b0, b0, b1;
-            add.u32 $2, q2, b0;
-            add.u32 b0, b0, b2;
-            add.u32 $3, q3, b0;
-            add.u32 b0, b0, b3;
-            mov.u32 $4, b0;
-            mov.u32 $5, b0;
-            mov.u32 $6, b0;
-            mov.u32 $7, b0;
-            }
-            """,
+            _WARP_RANKS_ASM,
             "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r",
             [sel32],
             dtype=(tl.int32, tl.int32),
@@ -162,66 +158,7 @@ if triton is not None:
         Triton in another layout (the asm run twice, the counter advanced twice), so the
         asm's result is a placeholder nobody converts."""
         return tl.inline_asm_elementwise(
-            """
-            {
-            .reg .pred p0, p1, p2, p3, pl;
-            .reg .b32 b0, b1, b2, b3, lt, q0, q1, q2, q3, t, base, lane;
-            .reg .b64 a;
-            setp.ne.s32 p0, $4, 0;
-            setp.ne.s32 p1, $5, 0;
-            setp.ne.s32 p2, $6, 0;
-            setp.ne.s32 p3, $7, 0;
-            vote.sync.ballot.b32 b0, p0, 0xffffffff;
-            vote.sync.ballot.b32 b1, p1, 0xffffffff;
-            vote.sync.ballot.b32 b2, p2, 0xffffffff;
-            vote.sync.ballot.b32 b3, p3, 0xffffffff;
-            mov.u32 lt, %lanemask_lt;
-            and.b32 q0, b0, lt;
-            popc.b32 q0, q0;
-            and.b32 q1, b1, lt;
-            popc.b32 q1, q1;
-            and.b32 q2, b2, lt;
-            popc.b32 q2, q2;
-            and.b32 q3, b3, lt;
-            popc.b32 q3, q3;
-            popc.b32 b0, b0;
-            popc.b32 b1, b1;
-            popc.b32 b2, b2;
-            popc.b32 b3, b3;
-            add.u32 q1, q1, b0;
-            add.u32 t, b0, b1;
-            add.u32 q2, q2, t;
-            add.u32 t, t, b2;
-            add.u32 q3, q3, t;
-            add.u32 t, t, b3;
-            mov.u32 lane, %laneid;
-            setp.eq.u32 pl, lane, 0;
-            setp.ne.and.u32 pl, t, 0, pl;
-            mov.u32 base, 0;
-            @pl atom.global.add.u32 base, [$12], t;
-            shfl.sync.idx.b32 base, base, 0, 0x1f, 0xffffffff;
-            add.u32 q0, q0, base;
-            mul.wide.u32 a, q0, 4;
-            add.s64 a, a, $16;
-            @p0 st.global.b32 [a], $8;
-            add.u32 q1, q1, base;
-            mul.wide.u32 a, q1, 4;
-            add.s64 a, a, $16;
-            @p1 st.global.b32 [a], $9;
-            add.u32 q2, q2, base;
-            mul.wide.u32 a, q2, 4;
-            add.s64 a, a, $16;
-            @p2 st.global.b32 [a], $10;
-            add.u32 q3, q3, base;
-            mul.wide.u32 a, q3, 4;
-            add.s64 a, a, $16;
-            @p3 st.global.b32 [a], $11;
-            mov.u32 $0, 0;
-            mov.u32 $1, 0;
-            mov.u32 $2, 0;
-            mov.u32 $3, 0;
-            }
-            """,
+            _WARP_STORE_ASM,
             "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l",
             [sel32, value, ctr, dst],
             dtype=tl.int32,
