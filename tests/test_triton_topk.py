@@ -412,6 +412,51 @@ def test_presampled_second_threshold_serves_an_unlucky_sample(topk, road):
     assert stats[road] == 3, stats
 
 
+@pytest.mark.parametrize("piece", [8, 64])
+def test_presampled_thresholds_take_the_filters_roads(piece):
+    # lists of 32 slots a row (cap 128, 4 lists): the rank-r threshold's keys mostly fit
+    # them, the retry's (2r) or a wrong threshold's would not, so a presampled threshold other
+    # than the filter's own sends rows to another road. piece=64 makes the sample kernel's
+    # tile smaller than the filter's (_sample_run: 16 keys of runs for n=900)
+    logits, masked, starts, lengths = _case(12, 900, 24, seed=7, pad=3, min_length=600)
+    kw = dict(cap=128, filter_block=64, piece=piece, sparse=4)
+    want = _check(logits, masked, starts, lengths, 24, presample=False, **kw)
+    got = _check(logits, masked, starts, lengths, 24, presample=True, **kw)
+    assert got == want and want[T.STAT_SAMPLED] >= 8, (got, want)
+
+
+def test_sample_kernel_tile_holds_the_filters_sample():
+    # the sample kernel's smaller PIECE (_sample_run) against the filter's, n not a power of
+    # two, rows of every length up to n
+    n, pieces, piece, sparse = 1000, 16, 64, 4
+    run = T._sample_run(n, pieces, piece, sparse)
+    assert run < piece
+    lens = torch.arange(1, n + 1, 7, dtype=torch.int64)
+    logits = torch.randn(len(lens), n, device=DEVICE)
+    starts = ((n - lens) // 2).to(DEVICE)
+    thr = []
+    for p in (piece, run):
+        t = torch.zeros(len(lens), dtype=torch.int32, device=DEVICE)
+        T._sample_kernel[(len(lens),)](logits, starts, lens.to(DEVICE), t, logits.stride(0), 0, K=8, NP=pieces, PIECE=p,
+                                       SPARSE=sparse, SIGMAS=4.0, SLACK=1 / 32, LOW_BIT=8, DIRECT=8, num_warps=1)
+        thr.append(t)
+    assert torch.equal(thr[0], thr[1])
+    assert (thr[0][lens.to(DEVICE) > 8] != 0).any()  # thresholds were written
+
+
+def test_a_configs_filter_register_cap_applies_to_the_streaming_filter_only(monkeypatch):
+    # the config's cap is tuned for the filter that only streams; 0 means no cap. On the CPU a
+    # cap is refused, which shows where it would apply
+    logits, masked, starts, lengths = _case(4, 300, 8, seed=3, pad=1, min_length=50)
+    monkeypatch.setitem(T.DEFAULT_CONFIG, "filter_maxnreg", 40)
+    if DEVICE == "cpu":
+        with pytest.raises(ValueError, match="filter_maxnreg"):
+            T.ragged_topk(logits, starts.to(DEVICE), lengths.to(DEVICE), 8,
+                          torch.empty(4, 8, dtype=torch.int32, device=DEVICE), presample=True)
+    for kw in (dict(presample=False), dict(presample=True, fused=True), dict(presample=True, filter_maxnreg=0)):
+        _check(logits, masked, starts, lengths, 8, **kw)
+
+
 def test_ballot_write_takes_every_launch_whose_chunks_allow_it():
     # four registers a lane: chunks of a multiple of 128 keys a warp (the first launch's 512
     # keys at 4 warps, the second's 1024 at 8); a 256-slot first tile keeps the scan

@@ -266,7 +266,7 @@ def logits_topk(
     with K.device_guard(q):
         # logits: a float32 placeholder, never read
         selects = T._select_launches(common, tile, cap, select_warps,
-                                     ballot_write=T.launch_config(device)["ballot_write"])
+                                     ballot_write=T._nvidia(device) and T.launch_config(device)["ballot_write"] is True)
         T._run_selects(device, m, selects, thr.view(torch.float32), starts, sel_len, out, cand32, counts, thr, ctl,
                        wpos, stats_arg, 0, 0)
     del cand32, scratch, counts, ctl, wpos, thr  # free before the fallback's logits

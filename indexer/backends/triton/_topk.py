@@ -4,7 +4,7 @@ For each row it reads only the row's own window ``[start, start + length)`` of a
 row-padded, non-contiguous) float32 logits block and writes the ``k`` row-relative indices
 of its largest values, ``-1`` padded, unordered. Every value maps to an order-preserving
 32-bit key (NaNs above everything, ``-0.0`` equal to ``0.0``); selection counts keys, it
-never sorts. Two kernels:
+never sorts. Two kernels (three with ``presample``):
 
 *Filter* (persistent; rows longer than the select tile, each program taking its next row
 from a shared counter where ``dynamic``). A sample of ``pieces`` runs of
@@ -56,8 +56,9 @@ except Exception:  # noqa: BLE001 - reported by _kernels.is_available
 
 #: Shape of the sampled road (see the module docstring): ``PIECES`` runs of at most ``PIECE``
 #: keys, one key in ``SPARSE`` sampled, the sample's threshold ``SIGMAS`` standard deviations
-#: deep. The sample sits in registers during its search, and its size sets the filter
-#: kernel's register count (4096 keys: 64 registers a thread at 8 warps).
+#: deep. The sample sits in registers during its search (in the filter kernel, or with
+#: ``presample`` in a kernel of its own and in the filter only for a retry); there it sets
+#: the filter kernel's register count (4096 keys at 8 warps: 48 registers, Triton 3.6 sm_90a).
 PIECES, PIECE, SPARSE, SIGMAS = 16, 256, 32, 4.0
 #: The sample threshold's search may end this fraction above its rank (``sample_slack``).
 SAMPLE_SLACK = 1 / 32
@@ -473,9 +474,9 @@ if triton is not None:
         DIRECT: tl.constexpr,
     ):
         """The filter kernel's threshold ``thr[row]`` of row ``program_id`` (if it filters the
-        row), at its sample's rank (:func:`_sample_rank`). ``PIECE`` may be any power of two
-        at least the longest run of the rows (``n / NP / SPARSE``): the sample is the same,
-        the tile smaller."""
+        row), at its sample's rank (:func:`_sample_rank`). ``PIECE``: the filter's, or a
+        power of two no smaller than any row's run (``n / NP / SPARSE`` for rows of at most
+        ``n`` keys, :func:`_sample_run`): the same sample, a smaller tile."""
         row = tl.program_id(0).to(tl.int64)
         length = tl.load(lengths_ptr + row).to(tl.int32)
         if (length > DIRECT) & (length >= sample_min):
@@ -650,6 +651,7 @@ DEFAULT_CONFIG = dict(num_warps=4, filter_block=512, programs_per_sm=8, select_w
                       presample=False, ballot_write=False)
 TOPK_CONFIGS: dict[str, dict] = {
     # H200, M=8192 late chunk, N=64K-256K, topk=2048 (docs/benchmarks.md)
+    # (filter_maxnreg applies to the filter that only streams: presample and not fused)
     "sm90": dict(num_warps=8, filter_block=1024, programs_per_sm=8, select_warps=4, prefetch=2, dynamic=True,
                  presample=True, ballot_write=True, filter_maxnreg=40),
 }
@@ -750,11 +752,14 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
     fused = cfg["fused"] if fused is None else fused
     prefetch = cfg["prefetch"] if prefetch is None else prefetch
     tile_write = cfg["tile_write"] if tile_write is None else tile_write
-    filter_maxnreg = cfg["filter_maxnreg"] if filter_maxnreg is None else filter_maxnreg
     select_maxnreg = cfg["select_maxnreg"] if select_maxnreg is None else select_maxnreg
     dynamic = cfg["dynamic"] if dynamic is None else dynamic
     presample = cfg["presample"] if presample is None else presample
     ballot_write = cfg["ballot_write"] if ballot_write is None else ballot_write
+    if filter_maxnreg is None:
+        # a config's cap is tuned for the filter that only streams: the sample's search
+        # (presample off) or the select (fused) under it spill in their loops
+        filter_maxnreg = cfg["filter_maxnreg"] if presample and not fused else None
     cap = default_cap(topk) if cap is None else cap
     tile = min(max(_next_pow2(2 * topk), num_warps), cap) if tile is None else tile
     pieces = PIECES if pieces is None else pieces
@@ -769,8 +774,9 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
     for name, value in (("filter_maxnreg", filter_maxnreg), ("select_maxnreg", select_maxnreg)):
-        if value is not None and not (_nvidia(device) and _int(value) and 24 <= value <= 255):
-            raise ValueError(f"{name} must be None, or an int in 24-255 on an NVIDIA GPU; got {value!r} on {device}")
+        if value is not None and not (_int(value) and (value == 0 or (_nvidia(device) and 24 <= value <= 255))):
+            raise ValueError(f"{name} must be None, 0 (no cap) or, on an NVIDIA GPU, an int in 24-255; got {value!r} "
+                             f"on {device}")
     if not (_int(prefetch) and prefetch in (1, 2, 3)):
         raise ValueError(f"prefetch must be 1, 2 or 3, got {prefetch!r}")
     if not 0 <= sample_low_bit <= 24:
@@ -809,18 +815,24 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
         BW=filter_block // num_warps, NP=pieces, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
         SLACK=float(sample_slack), LOW_BIT=sample_low_bit, BALLOT=bool(ballot), DEPTH=prefetch,
         DYNAMIC=bool(dynamic), FUSED=bool(fused), STW=tile // num_warps, CH=fused_ch, PRESAMPLE=presample,
-        WB=ballot_write and _ballot_write_ok(fused_ch, num_warps), num_warps=num_warps, **common,
+        WB=fused and ballot_write and _ballot_write_ok(fused_ch, num_warps), num_warps=num_warps, **common,
         **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
     sample_kw = None
     if presample:
-        # runs no longer than the longest row needs: a smaller tile, the same sample; 32
-        # keys a thread (H200, 64K-256K keys: 0.062-0.121 ms against 0.067-0.139 at 16)
-        run = min(piece, _next_pow2(max(1, n // pieces // sparse)))
+        # 32 keys a thread (H200, 64K-256K keys: 0.062-0.121 ms against 0.067-0.139 at 16)
+        run = _sample_run(n, pieces, piece, sparse)
         sample_kw = dict(K=topk, NP=pieces, PIECE=run, SPARSE=sparse, SIGMAS=float(sigmas),
                          SLACK=float(sample_slack), LOW_BIT=sample_low_bit, DIRECT=tile,
                          num_warps=max(1, min(8, pieces * run // 1024)))
     selects = _select_launches(common, tile, cap, select_warps, fused, tile_write, select_maxnreg, ballot_write)
     return programs_per_sm, num_warps, cap, sample_kw, filter_kw, selects
+
+
+def _sample_run(n: int, pieces: int, piece: int, sparse: int) -> int:
+    """The sample kernel's ``PIECE`` for rows of at most ``n`` keys: the filter's ``piece``,
+    or a smaller power of two that still holds every such row's run (``n / pieces / sparse``
+    keys at most): the same sample in a smaller tile."""
+    return min(piece, _next_pow2(max(1, n // pieces // sparse)))
 
 
 def _select_common(topk: int, lists: int, cap: int, direct: int, block: int, radix_bits: int, stats: bool) -> dict:
@@ -932,7 +944,9 @@ def ragged_topk(
         filter_maxnreg, select_maxnreg: Register cap a thread of the filter kernel, of the
             first select launch (NVIDIA only; fewer registers, more programs an SM, maybe
             spills; with ``fused`` the select runs in the filter kernel, under
-            ``filter_maxnreg``). ``None``: the compiler's choice.
+            ``filter_maxnreg``). ``0``: no cap, the compiler's choice. ``None``: the launch
+            config's (the filter's only where it streams alone: ``presample`` and not
+            ``fused``).
         radix_bits: Bits of the key resolved per pass of the plain road (1, 2, 4 or 8).
         pieces, piece, sparse, sigmas: The sample: ``pieces`` runs (a power of two) of at
             most ``piece`` keys (a power of two), one key in ``sparse`` sampled; its
