@@ -170,8 +170,9 @@ def run(args: argparse.Namespace) -> int:
             ("same", "same set", ".1%"), ("note", "note", "s")]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     bw_text = f", copy bandwidth {bw / 1e9:.2f} TB/s" if bw else ""
-    print(f"bench topk: topk={k} H={args.heads} D={args.head_dim} on {device} ({name}){bw_text}, median of {args.repeats}"
-          " (ms: a synchronize around each call; queued ms: calls back to back, the host launching ahead)")
+    print(f"bench topk: topk={k} H={args.heads} D={args.head_dim} on {device} ({name}){bw_text}, "
+          f"median of {args.repeats} (ms: a synchronize around each call; queued ms: calls back to back, the host "
+          "launching ahead)")
     print(table(rows, cols))
     e2e = _end_to_end(args, device) if args.e2e else []
     fused = _fused(args, device) if args.fused else []
