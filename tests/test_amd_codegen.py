@@ -1,0 +1,136 @@
+"""The Triton kernels compile for AMD Instinct GPUs with Triton's own AMD backend.
+
+No AMD GPU has been available to this project, so nothing here runs a kernel: it generates
+each kernel's AMD code object (MI300X: gfx942, MI355X: gfx950; Triton needs no ROCm install
+for that) with the launch options the library takes on AMD, and checks that no NVIDIA-only
+code (inline PTX) reached it. It catches what would fail at the first launch on such a GPU:
+an NVIDIA-only path taken on AMD, or an operation the AMD backend cannot lower. Each case
+runs in a child process: the CPU test session defines the kernels for Triton's interpreter,
+which cannot compile them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+
+def _has_amd_backend() -> bool:
+    try:
+        from triton.backends import backends
+    except Exception:  # noqa: BLE001 - an older Triton layout: no backend registry
+        return False
+    return "amd" in backends
+
+
+pytestmark = pytest.mark.skipif(not _has_amd_backend(), reason="this Triton has no AMD backend")
+
+#: Each architecture's fp8 (Triton's names): e4m3fnuz on MI300, e4m3fn (OCP) on MI355.
+FP8 = {"gfx942": "fp8e4b8", "gfx950": "fp8e4nv"}
+_OPTIONS = ("num_warps", "num_stages", "maxnreg")
+
+
+def _compile(fn, signature: dict, kwargs: dict, arch: str):
+    # kwargs as a launch takes them: constexprs and launch options together
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    constexprs = {k: v for k, v in kwargs.items() if k not in _OPTIONS}
+    options = {k: v for k, v in kwargs.items() if k in _OPTIONS}
+    src = ASTSource(fn=fn, signature=dict(signature, **{k: "constexpr" for k in constexprs}), constexprs=constexprs)
+    kernel = triton.compile(src, target=GPUTarget("hip", arch, 64), options=options)
+    assert kernel.asm["hsaco"], f"{fn.__name__}: no code object for {arch}"
+    # a PTX asm block would have failed the AMD assembler; its opcodes in the IR mean an
+    # NVIDIA-only helper was traced into the AMD path
+    for opcode in ("vote.sync", "atom.global", "st.global.b32", "%tid.x"):
+        assert opcode not in kernel.asm["llir"], f"{fn.__name__} on {arch}: NVIDIA inline PTX ({opcode})"
+    return kernel
+
+
+_P32, _P64, _I = "*i32", "*i64", "i32"
+_SELECT_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, out_ptr=_P32, cand32_ptr=_P32,
+                   cnt_ptr=_P32, thr_ptr=_P32, ctl_ptr=_P32, wpos_ptr=_P32, stats_ptr=_P32, stride_lm=_I,
+                   stride_om=_I, sample_min=_I)
+_FILTER_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, cand_ptr=_P64, cand32_ptr=_P32,
+                   cnt_ptr=_P32, thr_ptr=_P32, out_ptr=_P32, ctl_ptr=_P32, wpos_ptr=_P32, stats_ptr=_P32, rows=_I,
+                   stride_lm=_I, stride_om=_I, sample_min=_I)
+_SAMPLE_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, thr_ptr=_P32, stride_lm=_I, sample_min=_I)
+
+
+def _amd_plan(presample: bool, fused: bool):
+    from indexer.backends.triton import _topk as T
+
+    # ragged_topk's launches off NVIDIA (a CPU device stands for AMD in the plan: both take
+    # the default config, no ballot, no register caps), topk=2048 over 64K-key rows
+    cfg = tuple((key, type(value), value) for key, value in T.DEFAULT_CONFIG.items())
+    return T._plan(torch.device("cpu"), cfg, 2048, 65536, None, None, None, None, None, None, None, fused, None, None,
+                   None, None, None, presample, None, T.RADIX_BITS, None, T.PIECE, T.SPARSE, T.SIGMAS, None, 8,
+                   T.SAMPLE_SLACK, True)
+
+
+def _topk_kernels(arch: str, presample: bool, fused: bool) -> None:
+    from indexer.backends.triton import _topk as T
+
+    _, _, _, sample_kw, filter_kw, selects = _amd_plan(presample, fused)
+    assert not filter_kw["BALLOT"] and not filter_kw["WB"] and "maxnreg" not in filter_kw
+    _compile(T._filter_kernel, _FILTER_SIG, filter_kw, arch)
+    for _, kw in selects:
+        assert not kw["WB"]
+        _compile(T._select_kernel, _SELECT_SIG, kw, arch)
+    if presample:
+        _compile(T._sample_kernel, _SAMPLE_SIG, sample_kw, arch)
+
+
+def _logits_kernels(arch: str) -> None:
+    # the DeepSeek-V3.2 / GLM-5 indexer shape, H=64 D=128, both logits kernels and the fused
+    # logits + top-k filter (its stores are tl.store off NVIDIA)
+    from indexer.backends.triton import _fused_topk as F
+    from indexer.backends.triton import _kernels as K
+    from indexer.backends.triton import _topk as T
+
+    fp8 = "*" + FP8[arch]
+    h, d = 64, 128
+    block_m, block_n, warps, stages = K._pick_config(8192, 65536, d)
+    common = dict(q_ptr=fp8, k_ptr=fp8, k_scale_ptr="*fp32", w_ptr="*fp32", starts_ptr=_P32, ends_ptr=_P32)
+    _compile(K._mqa_logits_kernel, dict(common, out_ptr="*fp32", M=_I, N=_I, H=_I, stride_qm=_I, stride_qh=_I,
+                                        stride_kn=_I, stride_wm=_I, stride_om=_I),
+             dict(D=d, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages), arch)
+    cfg = K.fused_config(h, d)
+    tiles = dict(H=h, D=d, BLOCK_Q=cfg.block_q, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+                 num_stages=cfg.num_stages)
+    _compile(K._mqa_logits_fused_kernel, dict(common, out_ptr="*fp32", M=_I, N=_I, stride_qm=_I, stride_kn=_I,
+                                              stride_wm=_I, stride_om=_I), tiles, arch)
+    _compile(F._logits_filter_kernel, dict(common, thr_ptr=_P32, cand32_ptr=_P32, cnt_ptr=_P32, M=_I, N=_I,
+                                           stride_qm=_I, stride_kn=_I, stride_wm=_I),
+             dict(tiles, CAP=T.default_cap(2048), PTX=False), arch)
+
+
+def _run_child(*args: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+
+
+@pytest.mark.parametrize("arch", sorted(FP8))
+@pytest.mark.parametrize("presample,fused", [(False, False), (True, False), (False, True)])
+def test_topk_kernels_compile_for_amd(arch, presample, fused):
+    _run_child("topk", arch, str(int(presample)), str(int(fused)))
+
+
+@pytest.mark.parametrize("arch", sorted(FP8))
+def test_logits_kernels_compile_for_amd(arch):
+    _run_child("logits", arch)
+
+
+if __name__ == "__main__":
+    # the child: compile one case, fail loudly
+    if sys.argv[1] == "topk":
+        _topk_kernels(sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1")
+    else:
+        _logits_kernels(sys.argv[2])
