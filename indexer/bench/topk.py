@@ -182,15 +182,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _late_chunk_logits(args: argparse.Namespace, device: torch.device, n: int):
-    from ..backends import select_backend
-    from ..platform import platform_for_device
+def _late_chunk_problem(args: argparse.Namespace, device: torch.device, n: int):
+    # the last min(rows, n) rows of one n-key causal request, checked
     from ..problem import validate
     from ..synthetic import make_inputs
 
-    m = min(args.rows, n)
-    inp = make_inputs([n], [m], args.heads, args.head_dim, device, seed=n)
-    problem = validate(*inp.args(), args.topk)
+    inp = make_inputs([n], [min(args.rows, n)], args.heads, args.head_dim, device, seed=n)
+    return validate(*inp.args(), args.topk)
+
+
+def _late_chunk_logits(args: argparse.Namespace, device: torch.device, n: int):
+    from ..backends import select_backend
+    from ..platform import platform_for_device
+
+    problem = _late_chunk_problem(args, device, n)
+    m = problem.q.shape[0]
     backend = select_backend(problem, platform_for_device(device), args.backend or "auto")
     ws = torch.empty(m, n, dtype=torch.float32, device=device) if backend.uses_workspace else None
     return problem, backend, backend.logits(problem, (0, m), (0, n), ws)
@@ -289,15 +295,12 @@ def _fused(args: argparse.Namespace, device: torch.device) -> list[dict]:
     from ..backends.triton import _fused_topk as F
     from ..backends.triton import _kernels as tk
     from ..backends.triton._topk import ragged_topk
-    from ..problem import validate
-    from ..synthetic import make_inputs
 
     cuda = device.type == "cuda"
     rows = []
     for n in int_list(args.fused):
-        m = min(args.rows, n)
-        inp = make_inputs([n], [m], args.heads, args.head_dim, device, seed=n)
-        problem = validate(*inp.args(), args.topk)
+        problem = _late_chunk_problem(args, device, n)
+        m = problem.q.shape[0]
         q, k, k_scale, w = problem.q, problem.k, problem.k_scale, problem.weights
         starts, ends = problem.row_starts, problem.row_ends
         lengths = ends - starts

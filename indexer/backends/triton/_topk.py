@@ -422,7 +422,7 @@ if triton is not None:
         while row32 < rows:
             row = row32 + tl.zeros((), tl.int64)  # 64-bit offsets (an int under the interpreter)
             length = tl.load(lengths_ptr + row).to(tl.int32)
-            if (length > DIRECT) & (length >= sample_min):
+            if _sampled_row(length, sample_min, DIRECT):
                 base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
                 cand = cand_ptr + row * CAP
                 sidx, smask, s = _row_sample(length, pp, pj, NP, PIECE, SPARSE)
@@ -453,6 +453,12 @@ if triton is not None:
                 row32 += nprog
 
     @triton.jit
+    def _sampled_row(length, sample_min, DIRECT: tl.constexpr):
+        # whether a row is filtered (and so sampled): longer than the select tile that takes
+        # it whole, and at least sample_min (shorter ones take the plain road)
+        return (length > DIRECT) & (length >= sample_min)
+
+    @triton.jit
     def _row_sample(length, pp, pj, NP: tl.constexpr, PIECE: tl.constexpr, SPARSE: tl.constexpr):
         """A row's sample: ``NP`` runs (run ``pp``, key ``pj`` of it) spread evenly over its
         ``length`` keys, the recent end no denser than the rest, each of ``length / NP /
@@ -479,7 +485,7 @@ if triton is not None:
         ``n`` keys, :func:`_sample_run`): the same sample, a smaller tile."""
         row = tl.program_id(0).to(tl.int64)
         length = tl.load(lengths_ptr + row).to(tl.int32)
-        if (length > DIRECT) & (length >= sample_min):
+        if _sampled_row(length, sample_min, DIRECT):
             base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
             si = tl.arange(0, NP * PIECE)
             sidx, smask, s = _row_sample(length, si // PIECE, si % PIECE, NP, PIECE, SPARSE)
@@ -723,9 +729,13 @@ def _ballot_ok(device: torch.device, num_warps: int, filter_block: int) -> bool:
     return _nvidia(device) and filter_block == num_warps * 128
 
 
-def _ballot_write_ok(chunk: int, warps: int) -> bool:
-    # the write's ballot takes four registers of each lane at a time
-    return chunk % (128 * warps) == 0
+def _write_chunk(slots: int, warps: int, tile_write: bool, ballot_write: bool) -> tuple[int, bool]:
+    """A select's write over tiles of ``slots`` with ``warps`` warps: its chunk (the whole
+    tile with ``tile_write``, else at most 1024 slots re-read at a time) and whether it takes
+    the ballot (which needs four registers of each lane a chunk: a multiple of 128 slots a
+    warp)."""
+    chunk = slots if tile_write else min(1024, slots)
+    return chunk, ballot_write and chunk % (128 * warps) == 0
 
 
 # typed: 2 and 2.0, 1 and True are different keys (a float or bool option must still be refused)
@@ -810,12 +820,12 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
         raise ValueError(f"ballot_write=True needs an NVIDIA GPU, got {device}")
     ballot = _ballot_ok(device, num_warps, filter_block) if ballot is None else ballot
     common = _select_common(topk, num_warps, cap, tile, block, radix_bits, has_stats)
-    fused_ch = tile if tile_write else min(1024, tile)
+    fused_ch, fused_wb = _write_chunk(tile, num_warps, tile_write, fused and ballot_write)
     filter_kw = dict(
         BW=filter_block // num_warps, NP=pieces, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
         SLACK=float(sample_slack), LOW_BIT=sample_low_bit, BALLOT=bool(ballot), DEPTH=prefetch,
         DYNAMIC=bool(dynamic), FUSED=bool(fused), STW=tile // num_warps, CH=fused_ch, PRESAMPLE=presample,
-        WB=fused and ballot_write and _ballot_write_ok(fused_ch, num_warps), num_warps=num_warps, **common,
+        WB=fused_wb, num_warps=num_warps, **common,
         **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
     sample_kw = None
     if presample:
@@ -854,10 +864,10 @@ def _select_launches(common: dict, tile: int, cap: int, select_warps: int, fused
     for first, slots in ((True, tile), (False, cap)):
         if (first and fused) or (not first and slots == tile and not fused):
             continue
-        ch = slots if tile_write and first else min(1024, slots)
         warps = select_warps if first else max(select_warps, min(16, slots // 1024))
+        ch, wb = _write_chunk(slots, warps, tile_write and first, ballot_write)
         selects.append((first, dict(
-            STW=slots // lists, CH=ch, FIRST=first, num_warps=warps, WB=ballot_write and _ballot_write_ok(ch, warps),
+            STW=slots // lists, CH=ch, FIRST=first, num_warps=warps, WB=wb,
             **common, **(dict(maxnreg=select_maxnreg) if first and select_maxnreg else {}))))
     return tuple(selects)
 
