@@ -218,9 +218,7 @@ def logits_topk(
         raise ValueError(f"select_warps must be a power of two up to 16, got {select_warps!r}")
     if not 0 < sigmas < float("inf"):
         raise ValueError(f"sigmas must be positive and finite, got {sigmas}")
-    if stats is not None and (stats.numel() < 4 or stats.dtype != torch.int32 or stats.device != q.device
-                              or not stats.is_contiguous()):
-        raise ValueError(f"stats must be a contiguous int32 tensor of 4 entries on {q.device}")
+    T._check_stats(stats, q.device)
     if m == 0:
         return 0
     device = q.device

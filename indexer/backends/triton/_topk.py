@@ -845,6 +845,16 @@ def _sample_run(n: int, pieces: int, piece: int, sparse: int) -> int:
     return min(piece, _next_pow2(max(1, n // pieces // sparse)))
 
 
+def _check_stats(stats: torch.Tensor | None, device: torch.device) -> None:
+    """Refuse a ``stats`` argument the kernels cannot count into: it must be None or a
+    contiguous int32 tensor of at least 4 entries on ``device`` (the kernels add at fixed
+    offsets from its start, past a strided view's elements)."""
+    if stats is not None and (stats.numel() < 4 or stats.dtype != torch.int32 or stats.device != device
+                              or not stats.is_contiguous()):
+        raise ValueError(f"stats must be a contiguous int32 tensor of 4 entries on {device}, got {stats.dtype} "
+                         f"{list(stats.shape)} on {stats.device}")
+
+
 def _select_common(topk: int, lists: int, cap: int, direct: int, block: int, radix_bits: int, stats: bool) -> dict:
     """Constexprs the filter and select kernels share: ``lists`` candidate lists of ``cap //
     lists`` slots a row, rows up to ``direct`` keys selected on the row itself."""
@@ -993,10 +1003,7 @@ def ragged_topk(
             raise ValueError(f"{name} must be an integer tensor on {logits.device}, got {x.dtype} on {x.device}")
     if logits.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError("logits and out need column stride 1")
-    if stats is not None and (stats.numel() < 4 or stats.dtype != torch.int32 or stats.device != logits.device
-                              or not stats.is_contiguous()):
-        raise ValueError(f"stats must be a contiguous int32 tensor of 4 entries on {logits.device}, got "
-                         f"{stats.dtype} {list(stats.shape)} on {stats.device}")
+    _check_stats(stats, logits.device)
     device = logits.device
     cfg = tuple((key, type(value), value) for key, value in launch_config(device).items())
     programs_per_sm, num_warps, cap, sample_kw, filter_kw, selects = _plan(
