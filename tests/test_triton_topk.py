@@ -6,6 +6,7 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
 
 from indexer.backends.topk_torch import row_topk  # noqa: E402
 from indexer.backends.triton import _topk as T  # noqa: E402
@@ -588,3 +589,49 @@ def test_a_float_or_bool_option_is_refused_after_its_int_twin_ran(bad, where, mo
         monkeypatch.setitem(config, "prefetch", bad)
         with pytest.raises(ValueError, match="prefetch"):
             _check(logits, masked, starts, lengths, 8)
+
+
+@triton.jit
+def _kth_key_probe(keys_ptr, out_ptr, n, need, TILE: tl.constexpr, BISECT_AFTER: tl.constexpr):
+    i = tl.arange(0, TILE)
+    keys = tl.load(keys_ptr + i, mask=i < n, other=-2147483648)
+    lo = tl.min(tl.where(i < n, keys, 2147483647), axis=0)
+    tl.store(out_ptr, T._kth_key(keys, need, lo, n, tl.max(keys, axis=0), BISECT_AFTER))
+
+
+def _key_cases():
+    g = torch.Generator().manual_seed(5)
+    i32 = torch.iinfo(torch.int32)
+
+    def skey(v):  # _skey on the host
+        bits = v.view(torch.int32).clone()
+        bits[bits == i32.min] = 0
+        bits[v != v] = i32.max
+        return bits ^ ((bits >> 31) & i32.max)
+
+    yield "full int range", torch.randint(i32.min + 1, i32.max, (200,), generator=g, dtype=torch.int32)
+    yield "normal floats", skey(torch.randn(256, generator=g))
+    exp = torch.empty(256).exponential_(generator=g)
+    exp[:3] = torch.tensor([float("inf"), float("nan"), 1e30])  # far outliers above the rest
+    yield "exponential with outliers", skey(exp)
+    yield "one value", torch.full((100,), 12345, dtype=torch.int32)
+    yield "few values", skey(torch.randint(0, 4, (256,), generator=g).float())
+    yield "both extremes", torch.tensor([i32.min + 1] * 50 + [i32.max] * 50 + [0] * 50, dtype=torch.int32)
+    clusters = torch.cat([torch.randn(128, generator=g) * 1e-6, 1e6 + torch.randn(128, generator=g) * 1e-3])
+    yield "two far clusters", skey(clusters)
+
+
+@pytest.mark.parametrize("bisect_after", [0, 1, T.SEARCH_BISECT_AFTER])
+def test_select_search_meets_the_bit_searchs_contract(bisect_after):
+    # _kth_key's x: at least `need` keys >= x, and exactly `need` of them unless x is the
+    # need-th largest key itself (the select's gt/eq split relies on it), on shapes that slow
+    # regula falsi down (outliers, clusters, ties) and with the bisection taking over early
+    out = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    for name, keys in _key_cases():
+        n = keys.numel()
+        ordered = keys.sort(descending=True).values
+        for need in sorted({1, 2, n // 3, n // 2, n - 1, n}):
+            _kth_key_probe[(1,)](keys.to(DEVICE), out, n, need, TILE=256, BISECT_AFTER=bisect_after)
+            x = int(out.item())
+            above = int((keys >= x).sum())
+            assert above >= need and (above == need or x == int(ordered[need - 1])), (name, need, x, above)

@@ -65,17 +65,24 @@ SAMPLE_SLACK = 1 / 32
 #: Candidate slots per row (``max(CAP, 4 * topk)``, a power of two): ``8 * cap`` bytes.
 CAP = 8192
 RADIX_BITS = 4
+#: Counts of the select's regula falsi before it falls back to halving (:func:`_kth_key`).
+SEARCH_BISECT_AFTER = 16
 #: Counters of :func:`ragged_topk`'s ``stats``: rows listed whole (at most k keys), rows
 #: selected from sampled candidates, rows that took the plain radix select, rows selected
 #: on the row itself (longer than k, within the select tile).
 STAT_SHORT, STAT_SAMPLED, STAT_PLAIN, STAT_DIRECT = 0, 1, 2, 3
 
-def _ballot_ranks_ptx(first: int) -> str:
+def _ballot_ranks_ptx(first: int, threshold: int | None = None) -> str:
     """PTX shared by the ballot helpers: from the four flags ``$first .. $first + 3`` (nonzero:
     selected; four registers of each lane), ``q0``-``q3`` each selected element's rank among
     its warp's (lower lanes first, register by register) and ``t`` the warp's count. Declares
-    ``q0``-``q3``, ``t`` and the predicates ``p0``-``p3`` (selected) for the code after it."""
-    sets = "".join(f"setp.ne.s32 p{j}, ${first + j}, 0;\n" for j in range(4))
+    ``q0``-``q3``, ``t`` and the predicates ``p0``-``p3`` (selected) for the code after it.
+    With ``threshold``, the four operands from ``$first`` are float32 keys instead, selected
+    where not below ``$threshold`` (``~(v < t)``: NaNs too, as the Triton compare)."""
+    if threshold is None:
+        sets = "".join(f"setp.ne.s32 p{j}, ${first + j}, 0;\n" for j in range(4))
+    else:
+        sets = "".join(f"setp.geu.f32 p{j}, ${first + j}, ${threshold};\n" for j in range(4))
     votes = "".join(f"vote.sync.ballot.b32 b{j}, p{j}, 0xffffffff;\n" for j in range(4))
     ranks = "".join(f"and.b32 q{j}, b{j}, lt;\npopc.b32 q{j}, q{j};\n" for j in range(4))
     counts = "".join(f"popc.b32 b{j}, b{j};\n" for j in range(4))
@@ -98,12 +105,26 @@ _WARP_STORE_PTX = ("{\n" + _ballot_ranks_ptx(4)
                    + "".join(f"add.u32 q{j}, q{j}, base;\nmul.wide.u32 a, q{j}, 4;\nadd.s64 a, a, $16;\n"
                              f"@p{j} st.global.b32 [a], ${8 + j};\n" for j in range(4))
                    + "".join(f"mov.u32 ${j}, 0;\n" for j in range(4)) + "}\n")
+#: :func:`_warp_append`'s PTX: keys ``$4``-``$7`` not below ``$20`` go, with their columns
+#: ``$8``-``$11``, to the warp's list ``$16`` at ``$12`` (its length) plus their rank, while
+#: below ``$24`` (its room); the new length to ``$0``-``$3``. The outputs are written last:
+#: the compiler may give an output an input's register (``$1`` was ``$12``'s, so the first
+#: version, writing them one by one from ``$12``, stored every list's length wrong).
+_WARP_APPEND_PTX = ("{\n" + _ballot_ranks_ptx(4, threshold=20)
+                    + ".reg .pred s;\n.reg .b64 a;\n"
+                    + "".join(f"add.s32 q{j}, q{j}, $12;\nsetp.lt.and.s32 s, q{j}, $24, p{j};\n"
+                              f"mad.wide.s32 a, q{j}, 8, $16;\n@s st.global.v2.b32 [a], {{${4 + j}, ${8 + j}}};\n"
+                              for j in range(4))
+                    # (last, after every read of an input: an output may share an input's register)
+                    + "add.s32 t, t, $12;\n" + "".join(f"mov.u32 ${j}, t;\n" for j in range(4)) + "}\n")
 
 
 if triton is not None:
     # (a jit function reads module globals only as constexprs)
     _WARP_RANKS_ASM = tl.constexpr(_WARP_RANKS_PTX)
     _WARP_STORE_ASM = tl.constexpr(_WARP_STORE_PTX)
+    _WARP_APPEND_ASM = tl.constexpr(_WARP_APPEND_PTX)
+    _BISECT_AFTER = tl.constexpr(SEARCH_BISECT_AFTER)
 
     @triton.jit
     def _skey(v):
@@ -168,6 +189,24 @@ if triton is not None:
         )
 
     @triton.jit
+    def _warp_append(v, c, t, length, lists, room):
+        """The filtering pass's step on NVIDIA (inline PTX): each key of ``v`` (float32,
+        columns ``c``) not below ``t`` goes to its warp's list at ``lists`` (int64 slots:
+        value bits low, column high), after the ``length`` (each element: its warp's list
+        length) already there, while the slot is below ``room``; returns the new length.
+        The compare, ranks, 8-byte store and count are one block of PTX: Triton's version
+        spent as many instructions again on 64-bit packing and addressing. Four elements a
+        thread (one rank a register, as :func:`_warp_ranks`)."""
+        return tl.inline_asm_elementwise(
+            _WARP_APPEND_ASM,
+            "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r",
+            [v, c, length, lists, t, room],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=4,
+        )
+
+    @triton.jit
     def _write_out(obase, sel, value, wpos_ptr, taken, WB: tl.constexpr):
         """``value`` of the selected elements of a chunk to ``obase``, after the ``taken``
         written before it: by warp ballots (:func:`_warp_store`, slots from the row's counter
@@ -211,6 +250,44 @@ if triton is not None:
                     above = c
             b -= 1
         return a ^ -2147483648
+
+    @triton.jit
+    def _kth_key(keys, need, lo, count_lo, hi, BISECT_AFTER: tl.constexpr):
+        """The select's search: a key ``x`` with at least ``need`` of ``keys`` (int32 [T],
+        empty slots ``-2**31``) at or above it and either exactly ``need`` of them or ``x``
+        the ``need``-th largest key (the contract of :func:`_search` with ``stop == need``),
+        given ``count_lo >= need`` keys at or above ``lo`` and none above ``hi``. Regula
+        falsi on the count with the Illinois rule (the end kept twice in a row has its
+        weight halved), in int64 so that ``hi + 1`` fits; after ``BISECT_AFTER`` counts it
+        halves the bracket instead, so at most ``BISECT_AFTER + 33`` counts. On the
+        sampled candidates of a row (H200 logits' shape, 64K keys, k=2048, CPU simulation of
+        24 rows) it took 7-8 counts on average, the bit search 14."""
+        a = lo.to(tl.int64)  # count(keys >= a) = ca >= need
+        b = hi.to(tl.int64) + 1  # count(keys >= b) = cb < need
+        ca = count_lo
+        cb = tl.full((), 0, tl.int32)
+        wa = tl.full((), 1.0, tl.float32)
+        wb = tl.full((), 1.0, tl.float32)
+        side = tl.full((), 0, tl.int32)
+        steps = tl.full((), 0, tl.int32)
+        while (ca != need) & (b - a > 1):
+            fa = (ca - need).to(tl.float32) * wa
+            fb = (cb - need).to(tl.float32) * wb
+            span = b - a
+            p = a + (span.to(tl.float32) * tl.math.fdiv(fa, fa - fb)).to(tl.int64)
+            p = tl.where(steps >= BISECT_AFTER, a + span // 2, p)
+            p = tl.minimum(tl.maximum(p, a + 1), b - 1)
+            c = tl.sum((keys >= p.to(tl.int32)).to(tl.int32), axis=0)
+            up = c >= need
+            a = tl.where(up, p, a)
+            ca = tl.where(up, c, ca)
+            b = tl.where(up, b, p)
+            cb = tl.where(up, cb, c)
+            wb = tl.where(up & (side == 1), wb * 0.5, 1.0)
+            wa = tl.where(~up & (side == -1), wa * 0.5, 1.0)
+            side = tl.where(up, 1, -1)
+            steps += 1
+        return a.to(tl.int32)
 
     @triton.jit
     def _sample_keys(base, sidx, smask):
@@ -314,11 +391,15 @@ if triton is not None:
         return a1, a2, a3
 
     @triton.jit
-    def _shift_ahead(base, c, length, a1, a2, a3, STEP: tl.constexpr, DEPTH: tl.constexpr):
+    def _shift_ahead(base, c, length, a1, a2, a3, STEP: tl.constexpr, DEPTH: tl.constexpr, MASKED: tl.constexpr):
         # the block at c (loaded DEPTH steps ago) and the blocks still in flight, the newest
-        # being the load of the block DEPTH steps past c
+        # being the load of the block DEPTH steps past c (unmasked where the caller knows it
+        # whole: no bound check and no fill value a key)
         nxt = c + DEPTH * STEP
-        new = tl.load(base + nxt, mask=nxt < length, other=float("-inf"))
+        if MASKED:
+            new = tl.load(base + nxt, mask=nxt < length, other=float("-inf"))
+        else:
+            new = tl.load(base + nxt)
         if DEPTH == 1:
             return a1, new, a2, a3
         elif DEPTH == 2:
@@ -327,44 +408,69 @@ if triton is not None:
             return a1, a2, a3, new
 
     @triton.jit
+    def _filter_block(v, c, length, tf, lists, acc, WCAP: tl.constexpr, BALLOT: tl.constexpr,
+                      MASKED: tl.constexpr):
+        """One block of a filtering pass: its keys ``v`` (columns ``c``) at or above ``tf``
+        appended to their warp's list (``lists``: each element's list start) after the
+        ``acc`` already there; returns the new ``acc``. ``BALLOT``: 1-D block, ``acc`` each
+        element's warp's list length; else ``[W, BW]`` block, ``acc`` the ``[W]`` lengths.
+        Without ``MASKED`` every column is inside the row."""
+        if BALLOT and not MASKED:
+            # (floats travel as their bits: the PTX compares them as f32)
+            return _warp_append(v.to(tl.int32, bitcast=True), c, (tf + tl.zeros(v.shape, tl.float32)).to(
+                tl.int32, bitcast=True), acc, lists, tl.full(v.shape, WCAP, tl.int32))
+        sel = ~(v < tf)
+        if MASKED:
+            sel = sel & (c < length)
+        if BALLOT:
+            rank, tot = _warp_ranks(sel.to(tl.int32))
+            pos = acc + rank
+            acc += tot
+        else:
+            s32 = sel.to(tl.int32)
+            pos = acc[:, None] + tl.cumsum(s32, axis=1) - 1
+            acc += tl.sum(s32, axis=1)
+        tl.store(lists + pos, _pack(c, v), mask=sel & (pos < WCAP))
+        return acc
+
+    @triton.jit
     def _filter_pass(base, length, cand, cnt_row, t, W: tl.constexpr, BW: tl.constexpr, WCAP: tl.constexpr,
                      BALLOT: tl.constexpr, DEPTH: tl.constexpr):
         """One pass over a row: every key ``>= t`` into its warp's list (``cand + w * WCAP``,
         value bits in the low word, column in the high one), the list lengths to
         ``cnt_row[0:W]`` (counting on past ``WCAP``: then the list overflowed); returns
         their sum. ``DEPTH`` blocks of ``W * BW`` keys are in flight (1-3): each SM needs
-        enough bytes on their way to cover the memory latency."""
+        enough bytes on their way to cover the memory latency. The blocks whose loads all
+        fall inside the row go unmasked (the loop's integer instructions, not its loads,
+        set the pace on an H200); the last few take the masked loop."""
         STEP: tl.constexpr = W * BW
         tf = _key_float(t)
         wr = tl.arange(0, W)
         if BALLOT:
-            off1 = tl.arange(0, STEP)
-            ahead, ahead2, ahead3 = _prime_ahead(base, off1, length, STEP, DEPTH)
-            run = tl.zeros((STEP,), tl.int32)  # each element: its warp's list length
-            wid = _warp_id(off1)
-            for c0 in range(0, length, STEP):
-                c = c0 + off1
-                # the next blocks' loads go out before this block's stores
-                v, ahead, ahead2, ahead3 = _shift_ahead(base, c, length, ahead, ahead2, ahead3, STEP, DEPTH)
-                sel = (~(v < tf)) & (c < length)
-                rank, tot = _warp_ranks(sel.to(tl.int32))
-                pos = run + rank
-                tl.store(cand + wid * WCAP + pos, _pack(c, v), mask=sel & (pos < WCAP))
-                run += tot
-            tl.store(cnt_row + wid, run)  # all of a warp's elements agree
+            off = tl.arange(0, STEP)
+            acc = tl.zeros((STEP,), tl.int32)  # each element: its warp's list length
+            wid = _warp_id(off)
+            lists = cand + wid * WCAP
         else:
-            off2 = wr[:, None] * BW + tl.arange(0, BW)[None, :]
-            ahead, ahead2, ahead3 = _prime_ahead(base, off2, length, STEP, DEPTH)
-            cnt = tl.zeros((W,), tl.int32)
-            for c0 in range(0, length, STEP):
-                c = c0 + off2
-                v, ahead, ahead2, ahead3 = _shift_ahead(base, c, length, ahead, ahead2, ahead3, STEP, DEPTH)
-                sel = (~(v < tf)) & (c < length)
-                s32 = sel.to(tl.int32)
-                pos = cnt[:, None] + tl.cumsum(s32, axis=1) - 1
-                tl.store(cand + wr[:, None] * WCAP + pos, _pack(c, v), mask=sel & (pos < WCAP))
-                cnt += tl.sum(s32, axis=1)
-            tl.store(cnt_row + wr, cnt)
+            off = wr[:, None] * BW + tl.arange(0, BW)[None, :]
+            acc = tl.zeros((W,), tl.int32)
+            lists = cand + wr[:, None] * WCAP
+        ahead, ahead2, ahead3 = _prime_ahead(base, off, length, STEP, DEPTH)
+        # blocks before `unmasked_end` are whole and so are those DEPTH past them
+        unmasked_end = (length // STEP - DEPTH) * STEP
+        for c0 in range(0, unmasked_end, STEP):
+            c = c0 + off
+            # the next blocks' loads go out before this block's stores
+            v, ahead, ahead2, ahead3 = _shift_ahead(base, c, length, ahead, ahead2, ahead3, STEP, DEPTH, False)
+            acc = _filter_block(v, c, length, tf, lists, acc, WCAP, BALLOT, False)
+        for c0 in range(tl.maximum(unmasked_end, 0), length, STEP):
+            c = c0 + off
+            v, ahead, ahead2, ahead3 = _shift_ahead(base, c, length, ahead, ahead2, ahead3, STEP, DEPTH, True)
+            acc = _filter_block(v, c, length, tf, lists, acc, WCAP, BALLOT, True)
+        if BALLOT:
+            tl.store(cnt_row + wid, acc)  # all of a warp's elements agree
+        else:
+            tl.store(cnt_row + wr, acc)
         # the counts were written by other threads of this program
         tl.debug_barrier()
         return tl.sum(tl.load(cnt_row + wr), axis=0)
@@ -539,10 +645,12 @@ if triton is not None:
             if direct:
                 keys = tl.where(idx < length, _skey(tl.load(base + idx, mask=idx < length, other=0.0)), -2147483648)
                 lo = tl.min(tl.where(idx < length, keys, 2147483647), axis=0)
+                total = length
             else:
                 cnt = tl.load(cnt_ptr + row * W + tl.arange(0, W))
                 longest = tl.max(cnt, axis=0)
-                road = ((length < sample_min) | (tl.sum(cnt, axis=0) < K) | (longest > WCAP)).to(tl.int32)
+                total = tl.sum(cnt, axis=0)
+                road = ((length < sample_min) | (total < K) | (longest > WCAP)).to(tl.int32)
                 road = tl.where((road == 0) & (longest > STW), 2, road)
                 valid = idx % STW < tl.where(road == 0, tl.load(cnt_ptr + row * W + idx // STW), 0)
                 v = tl.load(_slot(cand32_ptr, row, idx, CAP, WCAP, STW), mask=valid, other=0)
@@ -552,7 +660,9 @@ if triton is not None:
                 if (road == 2) | ((road == 1) & (not PLAIN)):
                     _defer(ctl_ptr, row)
             if road == 0:
-                kth = _search(keys, K, lo, tl.max(keys, axis=0), K, 0)
+                # every key of the tile is at or above lo (the row's least, or the filter's
+                # threshold): `total` of them
+                kth = _kth_key(keys, K, lo, total, tl.max(keys, axis=0), _BISECT_AFTER)
                 gt = keys > kth
                 eq = keys == kth
                 need = K - tl.sum(gt.to(tl.int32), axis=0)
@@ -657,9 +767,11 @@ DEFAULT_CONFIG = dict(num_warps=4, filter_block=512, programs_per_sm=8, select_w
                       presample=False, ballot_write=False)
 TOPK_CONFIGS: dict[str, dict] = {
     # H200, M=8192 late chunk, N=64K-256K, topk=2048 (docs/benchmarks.md)
-    # (filter_maxnreg applies to the filter that only streams: presample and not fused)
+    # (filter_maxnreg applies to the filter that only streams: presample and not fused; at 32
+    # registers 8 programs of 8 warps fit an SM, and the pass loops keep out of the spills:
+    # 64K-256K 1.5-5% faster than at 40, stop 16's probe24)
     "sm90": dict(num_warps=8, filter_block=1024, programs_per_sm=8, select_warps=4, prefetch=2, dynamic=True,
-                 presample=True, ballot_write=True, filter_maxnreg=40),
+                 presample=True, ballot_write=True, filter_maxnreg=32),
 }
 
 
