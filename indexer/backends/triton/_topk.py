@@ -768,9 +768,10 @@ DEFAULT_CONFIG = dict(num_warps=4, filter_block=512, programs_per_sm=8, select_w
 TOPK_CONFIGS: dict[str, dict] = {
     # H200, M=8192 late chunk, N=64K-256K, topk=2048 (docs/benchmarks.md)
     # (filter_maxnreg applies to the filter that only streams: presample and not fused; at 32
-    # registers 8 programs of 8 warps fit an SM, and the pass loops keep out of the spills:
-    # 64K-256K 1.5-5% faster than at 40, stop 16's probe24)
-    "sm90": dict(num_warps=8, filter_block=1024, programs_per_sm=8, select_warps=4, prefetch=2, dynamic=True,
+    # registers the SM holds 64 warps of it and the pass loops keep out of the spills, with
+    # the PTX filter step only: Triton's spilled, 17-27% slower. 4 warps and 16 programs an
+    # SM beat 8 and 8 by 3% at 64K-256K, stop 16's probe25)
+    "sm90": dict(num_warps=4, filter_block=512, programs_per_sm=16, select_warps=4, prefetch=2, dynamic=True,
                  presample=True, ballot_write=True, filter_maxnreg=32),
 }
 
