@@ -12,18 +12,20 @@ keys spread evenly over the row (1/``sparse`` of it, up to ``pieces * piece`` ke
 a threshold ``t`` that the row's k-th key reaches unless the sample is unlucky by about
 ``sigmas`` standard deviations. One pass over the row then appends every key ``>= t``
 (value and column) to a per-warp list, ``prefetch`` blocks in flight: on NVIDIA a warp
-places its keys with a ballot and a popcount (inline PTX), so the pass needs no block-wide
+places its keys with a ballot and a popcount (inline PTX; a row's whole blocks go through
+one PTX step, compare to store, :func:`_warp_append`), so the pass needs no block-wide
 scan; elsewhere (AMD, the CPU interpreter) a per-warp-row ``tl.cumsum`` does the same. If
 fewer than k keys pass, the pass runs once more with a sample threshold twice as deep.
 (``presample=True``, the sm90 default: the first threshold comes from a *sample* kernel run
 before, one program a row, so the filter kernel only streams.)
 
 *Select* (one program per row). The candidates (or the whole row, when it fits the tile)
-sit in registers; the k-th key is found by a bit-by-bit search on counts (``count(key >=
-x) >= k``), each step one compare per key and one block reduction, in the bits where the
-threshold and the largest candidate differ, ending early once exactly k keys reach the
-bound. Ties at the k-th key go to the lowest columns (a second search on the columns of
-the tied keys), the rule of the torch path, so both select the same set. The selected
+sit in registers; the k-th key is found by regula falsi on counts (``count(key >= x) >=
+k``, :func:`_kth_key`), each step one compare per key and one block reduction, between the
+threshold and the largest candidate, ending once exactly k keys reach the bound or the
+bound is the k-th key itself. Ties at the k-th key go to the lowest columns (a bit search,
+:func:`_search`, on the columns of the tied keys), the rule of the torch path, so both
+select the same set. The selected
 indices are written at a scan's positions, or (``ballot_write=True``, NVIDIA, the sm90
 default) at slots a warp ballot and one atomic add a warp on a per-row counter give. A row whose
 per-warp lists overflow the first tile is queued for a second launch with a tile as large
