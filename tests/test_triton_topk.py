@@ -254,6 +254,28 @@ def test_prefetch_on_rows_many_blocks_long(prefetch):
     assert stats[T.STAT_SAMPLED] + stats[T.STAT_PLAIN] >= 4, stats
 
 
+@pytest.mark.parametrize("prefetch", [1, 2, 3])
+def test_rows_of_whole_blocks_and_lists_overflowing_mid_row(prefetch):
+    # lengths at and around whole multiples of the filter block: rows no longer than the
+    # blocks in flight (every load masked) and rows whose pass runs the unmasked loop (on
+    # NVIDIA the PTX step) and then the masked tail; the last two rows' lists overflow inside
+    # the unmasked loop (a tie of 300 keys at the top), keep counting, and take the plain road
+    fb = T.launch_config(torch.device(DEVICE))["filter_block"]
+    whole = fb * (prefetch + 1)
+    lens = [whole - 1, whole, whole + 1, 5 * fb - 1, 5 * fb, 5 * fb + 1, 5 * fb + 1, 5 * fb]
+    n = 5 * fb + 1
+    g = torch.Generator().manual_seed(53)
+    vals = torch.randn(len(lens), n, generator=g)
+    vals[-2:, fb:fb + 300] = 10.0
+    starts = torch.zeros(len(lens), dtype=torch.int64)
+    lengths = torch.tensor(lens, dtype=torch.int64)
+    masked = torch.where(torch.arange(n)[None] < lengths[:, None], vals, float("-inf"))
+    for r, length in enumerate(lens):  # the keys past each window are the largest: never taken
+        vals[r, length:] = 1e30
+    stats = _check(vals.to(DEVICE), masked, starts, lengths, 16, cap=256, prefetch=prefetch, **SMALL_ROAD)
+    assert stats[T.STAT_PLAIN] >= 2 and stats[T.STAT_SAMPLED] >= 1, stats
+
+
 def test_second_launch_pulls_queued_rows_past_its_programs():
     # A first tile of 16 slots (4 a list) cannot hold any sampled row's >= 24 candidates, so
     # every such row is queued; every 7th row is at most k long and never queued. The second
@@ -592,11 +614,13 @@ def test_a_float_or_bool_option_is_refused_after_its_int_twin_ran(bad, where, mo
 
 
 @triton.jit
-def _kth_key_probe(keys_ptr, out_ptr, n, need, TILE: tl.constexpr, BISECT_AFTER: tl.constexpr):
+def _kth_key_probe(keys_ptr, out_ptr, n, need, below, TILE: tl.constexpr, BISECT_AFTER: tl.constexpr,
+                   SPAN: tl.constexpr):
+    # lo: the least key, or `below` keys under it (as the filter's threshold may be)
     i = tl.arange(0, TILE)
     keys = tl.load(keys_ptr + i, mask=i < n, other=-2147483648)
-    lo = tl.min(tl.where(i < n, keys, 2147483647), axis=0)
-    tl.store(out_ptr, T._kth_key(keys, need, lo, n, tl.max(keys, axis=0), BISECT_AFTER))
+    lo = tl.maximum(tl.min(tl.where(i < n, keys, 2147483647), axis=0).to(tl.int64) - below, -2147483648)
+    tl.store(out_ptr, T._kth_key(keys, need, lo.to(tl.int32), n, tl.max(keys, axis=0), BISECT_AFTER, SPAN))
 
 
 def _key_cases():
@@ -619,19 +643,25 @@ def _key_cases():
     yield "both extremes", torch.tensor([i32.min + 1] * 50 + [i32.max] * 50 + [0] * 50, dtype=torch.int32)
     clusters = torch.cat([torch.randn(128, generator=g) * 1e-6, 1e6 + torch.randn(128, generator=g) * 1e-3])
     yield "two far clusters", skey(clusters)
+    yield "one key", torch.tensor([-7], dtype=torch.int32)
+    yield "three keys", torch.tensor([i32.min + 1, 5, i32.max], dtype=torch.int32)
 
 
-@pytest.mark.parametrize("bisect_after", [0, 1, T.SEARCH_BISECT_AFTER])
-def test_select_search_meets_the_bit_searchs_contract(bisect_after):
+@pytest.mark.parametrize("bisect_after,span", [(0, T.SEARCH_SPAN), (1, T.SEARCH_SPAN), (T.SEARCH_BISECT_AFTER, 0),
+                                               (T.SEARCH_BISECT_AFTER, T.SEARCH_SPAN), (T.SEARCH_BISECT_AFTER, 1 << 40)])
+def test_select_search_meets_the_bit_searchs_contract(bisect_after, span):
     # _kth_key's x: at least `need` keys >= x, and exactly `need` of them unless x is the
     # need-th largest key itself (the select's gt/eq split relies on it), on shapes that slow
-    # regula falsi down (outliers, clusters, ties) and with the bisection taking over early
+    # regula falsi down (outliers, clusters, ties), from a lower bound at or below the least
+    # key, with the bisection taking over early, always, or only after the count limit
     out = torch.zeros(1, dtype=torch.int32, device=DEVICE)
     for name, keys in _key_cases():
         n = keys.numel()
         ordered = keys.sort(descending=True).values
-        for need in sorted({1, 2, n // 3, n // 2, n - 1, n}):
-            _kth_key_probe[(1,)](keys.to(DEVICE), out, n, need, TILE=256, BISECT_AFTER=bisect_after)
-            x = int(out.item())
-            above = int((keys >= x).sum())
-            assert above >= need and (above == need or x == int(ordered[need - 1])), (name, need, x, above)
+        for need in sorted(x for x in {1, 2, n // 3, n // 2, n - 1, n} if 1 <= x <= n):
+            for below in (0, 1000):
+                _kth_key_probe[(1,)](keys.to(DEVICE), out, n, need, below, TILE=256, BISECT_AFTER=bisect_after,
+                                     SPAN=span)
+                x = int(out.item())
+                above = int((keys >= x).sum())
+                assert above >= need and (above == need or x == int(ordered[need - 1])), (name, need, below, x, above)
