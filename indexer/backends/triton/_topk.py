@@ -198,9 +198,11 @@ if triton is not None:
         columns ``c``) not below ``t`` goes to its warp's list at ``lists`` (int64 slots:
         value bits low, column high), after the ``length`` (each element: its warp's list
         length) already there, while the slot is below ``room``; returns the new length.
-        The compare, ranks, 8-byte store and count are one block of PTX: Triton's version
-        spent as many instructions again on 64-bit packing and addressing. Four elements a
-        thread (one rank a register, as :func:`_warp_ranks`)."""
+        The compare, ranks, 8-byte store and count are one block of PTX: Triton's code for
+        the same unmasked step took 9 (4 warps) to 13 (8 warps) more SASS instructions a
+        block under a 32-register cap (64-bit packing and addressing) and, at 8 warps,
+        spilled in the loop (Triton 3.6, sm_90a). Four elements a thread (one rank a
+        register, as :func:`_warp_ranks`)."""
         return tl.inline_asm_elementwise(
             _WARP_APPEND_ASM,
             "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r",
@@ -449,8 +451,8 @@ if triton is not None:
         ``cnt_row[0:W]`` (counting on past ``WCAP``: then the list overflowed); returns
         their sum. ``DEPTH`` blocks of ``W * BW`` keys are in flight (1-3): each SM needs
         enough bytes on their way to cover the memory latency. The blocks whose loads all
-        fall inside the row go unmasked (the loop's integer instructions, not its loads,
-        set the pace on an H200); the last few take the masked loop."""
+        fall inside the row go unmasked (no bound checks or fill values: fewer instructions
+        and registers a block); the last few take the masked loop."""
         STEP: tl.constexpr = W * BW
         tf = _key_float(t)
         wr = tl.arange(0, W)
@@ -776,9 +778,9 @@ DEFAULT_CONFIG = dict(num_warps=4, filter_block=512, programs_per_sm=8, select_w
 TOPK_CONFIGS: dict[str, dict] = {
     # H200, M=8192 late chunk, N=64K-256K, topk=2048 (docs/benchmarks.md)
     # (filter_maxnreg applies to the filter that only streams: presample and not fused; at 32
-    # registers the SM holds 64 warps of it and the pass loops keep out of the spills, with
-    # the PTX filter step only: Triton's spilled, 17-27% slower. 4 warps and 16 programs an
-    # SM beat 8 and 8 by 3% at 64K-256K, stop 16's probe25)
+    # registers the SM holds 64 warps of it and the PTX filter step's loops keep out of the
+    # spills; at 8 warps Triton's step spilled there and ran 17-27% slower. 4 warps and 16
+    # programs an SM beat 8 and 8 by 3% at 64K-256K, stop 16's probe25)
     "sm90": dict(num_warps=4, filter_block=512, programs_per_sm=16, select_warps=4, prefetch=2, dynamic=True,
                  presample=True, ballot_write=True, filter_maxnreg=32),
 }
