@@ -647,8 +647,9 @@ def _key_cases():
     yield "three keys", torch.tensor([i32.min + 1, 5, i32.max], dtype=torch.int32)
 
 
-@pytest.mark.parametrize("bisect_after,span", [(0, T.SEARCH_SPAN), (1, T.SEARCH_SPAN), (T.SEARCH_BISECT_AFTER, 0),
-                                               (T.SEARCH_BISECT_AFTER, T.SEARCH_SPAN), (T.SEARCH_BISECT_AFTER, 1 << 40)])
+@pytest.mark.parametrize("bisect_after,span", [
+    (0, T.SEARCH_SPAN), (1, T.SEARCH_SPAN), (T.SEARCH_BISECT_AFTER, 0), (T.SEARCH_BISECT_AFTER, T.SEARCH_SPAN),
+    (T.SEARCH_BISECT_AFTER, 1 << 40)])
 def test_select_search_meets_the_bit_searchs_contract(bisect_after, span):
     # _kth_key's x: at least `need` keys >= x, and exactly `need` of them unless x is the
     # need-th largest key itself (the select's gt/eq split relies on it), on shapes that slow
