@@ -228,6 +228,20 @@ CHECK_CONSISTENCY = _declare(
     )
 )
 
+TRITON_DIRECT_LAUNCH = _declare(
+    Flag(
+        "TRITON_DIRECT_LAUNCH",
+        _parse_bool,
+        True,
+        "NVIDIA: the Triton top-k launches a kernel's compiled variant directly once Triton's "
+        "JIT has chosen it for the arguments' specialization (dtypes, 16-byte alignment, int "
+        "classes) instead of going through the JIT's dispatch every launch (host time a call: "
+        "docs/benchmarks.md). Off: every launch through the JIT. Launch hooks (profilers), "
+        "AMD and Triton's interpreter always take the JIT.",
+        type_name="bool",
+    )
+)
+
 
 def flags() -> tuple[Flag, ...]:
     """All declared flags, in declaration order."""

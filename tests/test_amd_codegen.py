@@ -60,7 +60,8 @@ _SELECT_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, out_pt
 _FILTER_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, cand_ptr=_P64, cand32_ptr=_P32,
                    cnt_ptr=_P32, thr_ptr=_P32, out_ptr=_P32, ctl_ptr=_P32, wpos_ptr=_P32, stats_ptr=_P32, rows=_I,
                    stride_lm=_I, stride_om=_I, sample_min=_I)
-_SAMPLE_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, thr_ptr=_P32, stride_lm=_I, sample_min=_I)
+_SAMPLE_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, thr_ptr=_P32, wpos_ptr=_P32, ctl_ptr=_P32,
+                   stride_lm=_I, sample_min=_I)
 
 
 def _amd_plan(presample: bool, fused: bool):

@@ -460,9 +460,16 @@ def test_sample_kernel_tile_holds_the_filters_sample():
     thr = []
     for p in (piece, run):
         t = torch.zeros(len(lens), dtype=torch.int32, device=DEVICE)
-        T._sample_kernel[(len(lens),)](logits, starts, lens.to(DEVICE), t, logits.stride(0), 0, K=8, NP=pieces, PIECE=p,
-                                       SPARSE=sparse, SIGMAS=4.0, SLACK=1 / 32, LOW_BIT=8, DIRECT=8, num_warps=1)
+        # the counters it zeroes for the later launches, garbage before (ctl[3:] is the
+        # queue, written before it is read, and must be left alone)
+        wpos = torch.full((len(lens),), 77, dtype=torch.int32, device=DEVICE)
+        ctl = torch.full((6,), -5, dtype=torch.int32, device=DEVICE)
+        T._sample_kernel[(len(lens),)](logits, starts, lens.to(DEVICE), t, wpos, ctl, logits.stride(0), 0, K=8,
+                                       NP=pieces, PIECE=p, SPARSE=sparse, SIGMAS=4.0, SLACK=1 / 32, LOW_BIT=8,
+                                       DIRECT=8, num_warps=1)
         thr.append(t)
+        assert not wpos.any()
+        assert ctl.tolist() == [0, 0, 0, -5, -5, -5]
     assert torch.equal(thr[0], thr[1])
     assert (thr[0][lens.to(DEVICE) > 8] != 0).any()  # thresholds were written
 

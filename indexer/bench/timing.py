@@ -55,6 +55,24 @@ def queued_median_ms(fn: Callable[[], object], device: torch.device, warmup: int
     return statistics.median(a.elapsed_time(b) for a, b in zip(events, events[1:]))
 
 
+def host_ms(fn: Callable[[], object], device: torch.device, warmup: int = 2, calls: int = 20) -> float:
+    """The host's time for one call of ``fn`` in milliseconds (mean of ``calls``). CUDA: a
+    sleep kernel is queued first, so that the device is busy and no launch waits on it: the
+    time to validate, allocate and launch alone. CPU: :func:`median_ms`."""
+    if device.type != "cuda":
+        return median_ms(fn, device, warmup, calls)
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize(device)
+    torch.cuda._sleep(1 << 30)  # about half a second of device time, far longer than the calls' host time
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    dt = time.perf_counter() - t0
+    torch.cuda.synchronize(device)
+    return dt / calls * 1e3
+
+
 def int_list(text: str) -> list[int]:
     """``"16384,65536"`` -> ``[16384, 65536]`` (a comma-separated CLI option)."""
     return [int(x) for x in text.split(",")]

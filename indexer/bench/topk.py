@@ -32,7 +32,7 @@ import os
 
 import torch
 
-from .timing import int_list, median_ms, queued_median_ms, table
+from .timing import host_ms, int_list, median_ms, queued_median_ms, table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -126,11 +126,12 @@ def run(args: argparse.Namespace) -> int:
         torch_topk(problem, logits, (0, m), 0, ref)
         base = dict(N=n, M=m, logits=backend.name, floor_ms=floor)
 
-        def add(method, fn, out, note=""):
+        def add(method, fn, out, note="", host=False):
             ms = median_ms(fn, device, warmup=1, repeats=args.repeats)
             queued = queued_median_ms(fn, device, warmup=1, repeats=args.repeats)
+            host_us = host_ms(fn, device) * 1e3 if host else None
             fn()
-            rows.append(dict(base, method=method, ms=ms, queued_ms=queued,
+            rows.append(dict(base, method=method, ms=ms, queued_ms=queued, host_us=host_us,
                              same=_same(out, ref) if out is not None else None,
                              x_floor=ms / floor if floor else None, x_floor_queued=queued / floor if floor else None,
                              note=note))
@@ -147,7 +148,11 @@ def run(args: argparse.Namespace) -> int:
             ragged_topk(logits, starts, lengths, k, out, stats=stats)
             sampled, plain = stats[STAT_SAMPLED].item(), stats[STAT_PLAIN].item()
             add("triton", lambda: ragged_topk(logits, starts, lengths, k, out), out,
-                f"{sampled / m:.1%} rows sampled, {plain} plain")
+                f"{sampled / m:.1%} rows sampled, {plain} plain", host=True)
+            if device.type == "cuda" and torch.version.hip is None:
+                # side by side: every launch through Triton's JIT dispatch (the host's share)
+                add("triton, JIT launches", lambda: ragged_topk(logits, starts, lengths, k, out, direct_launch=False),
+                    out, host=True)
         if fi is not None:
             for tie_break, label in ((1, "flashinfer"), (0, "flashinfer any-tie")):
                 fn = flashinfer_topk(tie_break)[0]
@@ -165,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     cols = [("N", "keys N", "d"), ("M", "rows M", "d"), ("method", "top-k", "s"), ("ms", "ms", ".3f"),
-            ("queued_ms", "queued ms", ".3f"), ("speedup", "vs torch.topk", ".2f"), ("floor_ms", "floor ms", ".3f"),
+            ("queued_ms", "queued ms", ".3f"), ("host_us", "host us", ".0f"), ("speedup", "vs torch.topk", ".2f"), ("floor_ms", "floor ms", ".3f"),
             ("x_floor", "x floor", ".2f"), ("x_floor_queued", "queued x floor", ".2f"),
             ("same", "same set", ".1%"), ("note", "note", "s")]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -47,7 +47,9 @@ import numbers
 
 import torch
 
+from ... import envs as _envs
 from ._kernels import device_guard
+from ._launch import Launcher, LaunchKw
 
 try:
     import triton
@@ -585,7 +587,7 @@ if triton is not None:
 
     @triton.jit
     def _sample_kernel(
-        logits_ptr, starts_ptr, lengths_ptr, thr_ptr, stride_lm, sample_min,
+        logits_ptr, starts_ptr, lengths_ptr, thr_ptr, wpos_ptr, ctl_ptr, stride_lm, sample_min,
         K: tl.constexpr,
         NP: tl.constexpr,
         PIECE: tl.constexpr,
@@ -598,8 +600,14 @@ if triton is not None:
         """The filter kernel's threshold ``thr[row]`` of row ``program_id`` (if it filters the
         row), at its sample's rank (:func:`_sample_rank`). ``PIECE``: the filter's, or a
         power of two no smaller than any row's run (``n / NP / SPARSE`` for rows of at most
-        ``n`` keys, :func:`_sample_run`): the same sample, a smaller tile."""
+        ``n`` keys, :func:`_sample_run`): the same sample, a smaller tile. It also zeroes the
+        counters the later launches start from, the row's write counter ``wpos[row]`` and
+        (program 0) ``ctl[0:3]``, so that the call needs no fill launch before it."""
         row = tl.program_id(0).to(tl.int64)
+        tl.store(wpos_ptr + row, 0)
+        if row == 0:
+            c = tl.arange(0, 4)
+            tl.store(ctl_ptr + c, tl.zeros((4,), tl.int32), mask=c < 3)
         length = tl.load(lengths_ptr + row).to(tl.int32)
         if _sampled_row(length, sample_min, DIRECT):
             base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
@@ -768,6 +776,8 @@ if triton is not None:
                             WCAP, STW, DIRECT, CH, BLOCK, RADIX_BITS, R, False, True, STATS, WB)
                 i = tl.num_programs(0) + tl.atomic_add(ctl_ptr + 2, 1)
 
+
+    _SAMPLE, _FILTER, _SELECT = Launcher(_sample_kernel), Launcher(_filter_kernel), Launcher(_select_kernel)
 
 #: Launch config per GPU architecture (``sm90``, ``gfx942``...); architectures not listed
 #: take :data:`DEFAULT_CONFIG`. Unlike the logits kernel's configs these may differ by chunk:
@@ -944,7 +954,7 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
     ballot = _ballot_ok(device, num_warps, filter_block) if ballot is None else ballot
     common = _select_common(topk, num_warps, cap, tile, block, radix_bits, has_stats)
     fused_ch, fused_wb = _write_chunk(tile, num_warps, tile_write, fused and ballot_write)
-    filter_kw = dict(
+    filter_kw = LaunchKw(
         BW=filter_block // num_warps, NP=pieces, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
         SLACK=float(sample_slack), LOW_BIT=sample_low_bit, BALLOT=bool(ballot), DEPTH=prefetch,
         DYNAMIC=bool(dynamic), FUSED=bool(fused), STW=tile // num_warps, CH=fused_ch, PRESAMPLE=presample,
@@ -954,7 +964,7 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
     if presample:
         # 32 keys a thread (H200, 64K-256K keys: 0.062-0.124 ms against 0.067-0.139 at 16)
         run = _sample_run(n, pieces, piece, sparse)
-        sample_kw = dict(K=topk, NP=pieces, PIECE=run, SPARSE=sparse, SIGMAS=float(sigmas),
+        sample_kw = LaunchKw(K=topk, NP=pieces, PIECE=run, SPARSE=sparse, SIGMAS=float(sigmas),
                          SLACK=float(sample_slack), LOW_BIT=sample_low_bit, DIRECT=tile,
                          num_warps=max(1, min(8, pieces * run // 1024)))
     selects = _select_launches(common, tile, cap, select_warps, fused, tile_write, select_maxnreg, ballot_write)
@@ -999,20 +1009,19 @@ def _select_launches(common: dict, tile: int, cap: int, select_warps: int, fused
             continue
         warps = select_warps if first else max(select_warps, min(16, slots // 1024))
         ch, wb = _write_chunk(slots, warps, tile_write and first, ballot_write)
-        selects.append((first, dict(
+        selects.append((first, LaunchKw(
             STW=slots // lists, CH=ch, FIRST=first, num_warps=warps, WB=wb,
             **common, **(dict(maxnreg=select_maxnreg) if first and select_maxnreg else {}))))
     return tuple(selects)
 
 
 def _run_selects(device: torch.device, rows: int, selects: tuple, logits, starts, lengths, out, cand32, counts, thr,
-                 ctl, wpos, stats, stride_lm: int, sample_min: int) -> None:
+                 ctl, wpos, stats, stride_lm: int, sample_min: int, direct: bool = False) -> None:
     # one program a row for the first launch, one an SM pulling queued rows for the second;
     # wpos: a zeroed int32 write counter a row (a row is written by one launch only)
+    args = (logits, starts, lengths, out, cand32, counts, thr, ctl, wpos, stats, stride_lm, out.stride(0), sample_min)
     for first, kw in selects:
-        _select_kernel[(rows if first else _programs(device, rows, 1),)](
-            logits, starts, lengths, out, cand32, counts, thr, ctl, wpos, stats, stride_lm, out.stride(0), sample_min,
-            **kw)
+        _SELECT(rows if first else _programs(device, rows, 1), args, kw, device.index, direct)
 
 
 def ragged_topk(
@@ -1047,6 +1056,7 @@ def ragged_topk(
     sample_low_bit: int = 8,
     sample_slack: float = SAMPLE_SLACK,
     stats: torch.Tensor | None = None,
+    direct_launch: bool | None = None,
 ) -> None:
     """Per-row top-k of a logits block, reading each row's window only.
 
@@ -1104,6 +1114,9 @@ def ragged_topk(
             fewer counting steps, a few more candidates (0 to 64).
         stats: Optional contiguous int32 ``[4]`` on the logits' device; the kernel adds each row to
             one counter (``STAT_SHORT``, ``STAT_SAMPLED``, ``STAT_PLAIN``, ``STAT_DIRECT``).
+        direct_launch: On NVIDIA, launch a kernel's compiled variant directly once Triton's
+            JIT has chosen it for the arguments' specialization (:mod:`._launch`: less host
+            time a call). ``None``: ``INDEXER_TRITON_DIRECT_LAUNCH`` (on by default).
 
     Raises:
         ValueError: an option out of range (before any kernel runs).
@@ -1127,8 +1140,11 @@ def ragged_topk(
     if logits.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError("logits and out need column stride 1")
     _check_stats(stats, logits.device)
+    if direct_launch is not None and not isinstance(direct_launch, bool):
+        raise ValueError(f"direct_launch must be True, False or None, got {direct_launch!r}")
     device = logits.device
-    cfg = tuple((key, type(value), value) for key, value in launch_config(device).items())
+    config = launch_config(device)
+    cfg = tuple(zip(config.keys(), map(type, config.values()), config.values()))
     programs_per_sm, num_warps, cap, sample_kw, filter_kw, selects = _plan(
         device, cfg, topk, n, block, filter_block, num_warps, programs_per_sm, select_warps, tile, ballot, fused,
         prefetch, tile_write, filter_maxnreg, select_maxnreg, dynamic, presample, ballot_write, radix_bits, pieces,
@@ -1138,20 +1154,31 @@ def ragged_topk(
     # int32 or int64 as they come (the kernels load either): no conversion launches
     starts = _index_vector(starts_rel)
     lens = _index_vector(lengths)
-    cand = torch.empty(rows, cap, dtype=torch.int64, device=device)
-    # one zeroed int32 block (one allocation, one fill): the per-list counts, the
-    # thresholds, the write counters, then ctl: [0] the filter's next row (dynamic), [1]
-    # rows queued for the second select launch, [2] its next entry, [3:] the queue
-    scratch = torch.zeros(rows * (num_warps + 3) + 3, dtype=torch.int32, device=device)
-    counts = scratch[: rows * num_warps].view(rows, num_warps)
-    thr, wpos, ctl = scratch[rows * num_warps:].split((rows, rows, rows + 3))
+    # one allocation: the candidate lists (an int64 slot: value bits, column), then int32
+    # per-list counts, thresholds, write counters and ctl: [0] the filter's next row
+    # (dynamic), [1] rows queued for the second select launch, [2] its next entry, [3:] the
+    # queue. The kernels index rows themselves, so flat views do
+    lists = rows * cap
+    buf = torch.empty(lists + (rows * (num_warps + 3) + 4) // 2, dtype=torch.int64, device=device)
+    cand32 = buf.view(torch.int32)
+    counts = cand32[2 * lists:]
+    thr = counts[rows * num_warps:]
+    wpos = thr[rows:]
+    ctl = wpos[rows:]
+    # only the write counters and ctl[0:3] need zeros (a row's counts and threshold are
+    # written before they are read); the sample kernel zeroes them, else one fill does
+    if sample_kw is None:
+        wpos[: rows + 3].zero_()
     stats_arg = stats if stats is not None else lens
-    cand32 = cand.view(torch.int32)
+    stride_lm = logits.stride(0)
+    # NVIDIA only: AMD's Triton also specializes on whether a tensor spans under 2 GB
+    # (buffer ops), which the direct launches' key does not hold
+    direct = _nvidia(device) and (_envs.value("TRITON_DIRECT_LAUNCH") if direct_launch is None else direct_launch)
+    index = device.index
     with device_guard(logits):
         if sample_kw is not None:
-            _sample_kernel[(rows,)](logits, starts, lens, thr, logits.stride(0), sample_min, **sample_kw)
-        _filter_kernel[(_programs(device, rows, programs_per_sm),)](
-            logits, starts, lens, cand, cand32, counts, thr, out, ctl, wpos, stats_arg,
-            rows, logits.stride(0), out.stride(0), sample_min, **filter_kw)
+            _SAMPLE(rows, (logits, starts, lens, thr, wpos, ctl, stride_lm, sample_min), sample_kw, index, direct)
+        _FILTER(_programs(device, rows, programs_per_sm), (logits, starts, lens, buf, cand32, counts, thr, out, ctl,
+                wpos, stats_arg, rows, stride_lm, out.stride(0), sample_min), filter_kw, index, direct)
         _run_selects(device, rows, selects, logits, starts, lens, out, cand32, counts, thr, ctl, wpos, stats_arg,
-                     logits.stride(0), sample_min)
+                     stride_lm, sample_min, direct)

@@ -1,0 +1,144 @@
+"""Triton launches without the JIT's per-call dispatch, once it has chosen the kernel.
+
+A ``kernel[grid](*args, **kw)`` call binds every parameter, specializes each argument,
+builds a cache key (``str`` of the options included) and only then launches: on an H200's
+host 20-42 us a launch for the top-k's kernels (14-41 parameters), more than the launch
+itself (probe28, docs/benchmarks.md). :class:`Launcher` lets the JIT make the first launch
+of each specialization and keeps the compiled kernel it returns; later launches with the
+same specialization call that kernel's launcher directly.
+
+The specialization is what Triton's ``specialize_impl`` derives from the arguments (Triton
+3.4-3.9): a tensor's dtype and whether its address is a multiple of 16 bytes, an int's width
+(int32, int64, uint64), whether it is 1 (then a constant of the kernel) and whether it is a
+multiple of 16. :func:`spec_key` keys on exactly these, so that two argument lists with one
+key select one compiled kernel (``tests/test_triton_launch.py`` checks the key against
+Triton's own specialization for the NVIDIA backend). AMD's backend also specializes on
+whether a tensor spans under 2 GB (buffer ops): the callers launch directly on NVIDIA only.
+Anything else (another argument type, a launch hook set for a profiler, Triton's
+interpreter, a launcher that refuses the arguments) takes the JIT's road.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_INT32 = 1 << 31
+_INT64 = 1 << 63
+
+
+def _int_key(v: int) -> tuple:
+    if v == 1:
+        return (1,)
+    width = 0 if -_INT32 <= v < _INT32 else 1 if -_INT64 <= v < _INT64 else 2
+    return (width, v % 16 == 0)
+
+
+def spec_key(args: tuple) -> tuple | None:
+    """What Triton specializes a kernel on for these runtime arguments, as a hashable key:
+    per tensor its dtype and 16-byte alignment, per int its width class, ``== 1`` and ``% 16
+    == 0``. ``None`` for an argument of any other type (the JIT then launches)."""
+    key = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key.append((a.dtype, a.data_ptr() % 16 == 0))
+        elif type(a) is int:
+            key.append(_int_key(a))
+        else:
+            return None
+    return tuple(key)
+
+
+class LaunchKw(dict):
+    """A launch's constexprs and options (``kw`` of ``kernel[grid](*args, **kw)``), with
+    ``key``: a hashable copy of its items, made once (equal items, equal keys)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.key = tuple(self.items())
+
+
+_KNOBS = []
+
+
+def _current_stream(index: int) -> int:
+    # the stream Triton's JIT launches on: torch's current one (its raw handle, as Triton's
+    # CUDA driver reads it; the public road where that is gone)
+    try:
+        from torch._C import _cuda_getCurrentRawStream
+    except ImportError:
+        return torch.cuda.current_stream(index).cuda_stream
+    global _current_stream
+    _current_stream = _cuda_getCurrentRawStream
+    return _cuda_getCurrentRawStream(index)
+
+
+def _hooks_set() -> bool:
+    # a launch hook (a profiler's, Proton's) must see every launch: leave those to the JIT
+    if not _KNOBS:
+        try:
+            from triton import knobs
+        except ImportError:  # before Triton 3.4: no knobs, and the launcher's arguments differ
+            knobs = None
+        _KNOBS.append(knobs)
+    knobs = _KNOBS[0]
+    if knobs is None:
+        return True
+    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+        # Triton 3.4+: a HookChain, set when it holds a call (a bare callable: always set)
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
+
+
+class Launcher:
+    """Launches one ``@triton.jit`` function whose runtime parameters all come before its
+    constexprs (the top-k kernels' layout).
+
+    Args:
+        fn: The ``JITFunction``.
+    """
+
+    def __init__(self, fn):
+        self.fn = fn
+        self._kernels: dict = {}
+        self._broken = False
+        #: launches made directly / through the JIT (for tests and probes)
+        self.direct_launches = 0
+        self.jit_launches = 0
+
+    def __call__(self, grid: int, args: tuple, kw: LaunchKw, device_index: int, direct: bool = True) -> None:
+        """Launch ``fn[(grid,)](*args, **kw)``.
+
+        Args:
+            grid: Programs (a 1-D grid).
+            args: The runtime arguments, in parameter order.
+            kw: The constexprs (every one) and launch options (``num_warps``, ``maxnreg``...).
+            device_index: The CUDA device the launch runs on (the current one).
+            direct: Whether a compiled kernel may be launched directly (else always the JIT).
+        """
+        key = None
+        if direct and not self._broken and not _hooks_set():
+            spec = spec_key(args)
+            if spec is not None:
+                key = (kw.key, device_index, spec)
+                hit = self._kernels.get(key)
+                if hit is not None:
+                    kernel, constexprs = hit
+                    stream = _current_stream(device_index)
+                    try:
+                        kernel.run(grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
+                                   *args, *constexprs)
+                    except TypeError:
+                        # the launcher parses its arguments before it launches: one that takes
+                        # others (another Triton) refused them and nothing ran
+                        self._broken = True
+                    else:
+                        self.direct_launches += 1
+                        return
+                    key = None
+        kernel = self.fn[(grid,)](*args, **kw)
+        self.jit_launches += 1
+        names = self.fn.arg_names[len(args):]
+        if key is not None and all(n in kw for n in names) and all(
+                hasattr(kernel, a) for a in ("run", "function", "packed_metadata")):
+            self._kernels[key] = (kernel, tuple(kw[n] for n in names))

@@ -1,0 +1,176 @@
+"""Direct launches of compiled Triton kernels (``indexer.backends.triton._launch``): the key
+against Triton's own specialization, the launcher's roads, and on an NVIDIA GPU the top-k
+through them."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from indexer.backends.topk_torch import row_topk  # noqa: E402
+from indexer.backends.triton import _launch as L  # noqa: E402
+from indexer.backends.triton import _topk as T  # noqa: E402
+
+
+def _triton_spec(arg):
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    return native_specialize_impl(CUDABackend, arg, False, True, True)
+
+
+def _args():
+    ints = [0, 1, 2, 15, 16, 17, 32, -1, -16, -17, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 16, 2**32 + 1, -2**31,
+            -2**31 - 1, -2**31 - 16, 2**63 - 16, 2**63, 2**63 + 16, 2**64 - 1]
+    base = torch.zeros(64, dtype=torch.float32)
+    tensors = [base[i:] for i in range(6)] + [base.view(torch.int32)[i:] for i in range(4)]
+    tensors += [torch.zeros(64, dtype=torch.int64)[i:] for i in range(3)]
+    return ints + tensors
+
+
+def test_the_key_separates_what_triton_specializes_on():
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    args = _args()
+    for a, b in itertools.combinations_with_replacement(args, 2):
+        same_key = L.spec_key((a,)) == L.spec_key((b,))
+        same_spec = _triton_spec(a) == _triton_spec(b)
+        # one key, one compiled kernel: equal keys must mean equal specializations (and the
+        # key is no finer than needed, so a launch finds its kernel)
+        assert same_key == same_spec, (a if isinstance(a, int) else (a.dtype, a.data_ptr() % 16),
+                                       b if isinstance(b, int) else (b.dtype, b.data_ptr() % 16))
+
+
+def test_the_key_refuses_other_argument_types():
+    assert L.spec_key((1, 2.0)) is None
+    assert L.spec_key((True,)) is None  # a bool is an int to isinstance, not to Triton
+    assert L.spec_key((None,)) is None
+    assert L.spec_key((3, torch.zeros(2))) is not None
+
+
+class _Compiled:
+    def __init__(self, fail=False):
+        self.function, self.packed_metadata, self.calls, self.fail = object(), object(), [], fail
+
+    def run(self, *a):
+        if self.fail:
+            raise TypeError("function takes exactly 9 arguments")
+        self.calls.append(a)
+
+
+class _Jit:
+    """Stands for a JITFunction with parameters (x, n, A, B): records its launches."""
+
+    arg_names = ["x", "n", "A", "B"]
+
+    def __init__(self, fail=False):
+        self.launches, self.compiled, self.fail = [], {}, fail
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.launches.append((grid, args, dict(kw)))
+            spec = (L.spec_key(args), tuple(sorted(kw.items())))
+            return self.compiled.setdefault(spec, _Compiled(self.fail))
+        return launch
+
+
+def test_the_launcher_launches_directly_once_the_jit_chose_the_kernel(monkeypatch):
+    monkeypatch.setattr(L, "_current_stream", lambda index: 1234)
+    fn = _Jit()
+    launch = L.Launcher(fn)
+    kw = L.LaunchKw(B=2, A=1, num_warps=4)  # not in parameter order: the constexprs follow it
+    x = torch.zeros(64)
+    launch(7, (x, 5), kw, 0)
+    assert len(fn.launches) == 1 and launch.jit_launches == 1
+    launch(9, (x, 5), kw, 0)  # same key: the compiled kernel's own launcher, constexprs appended
+    (compiled,) = fn.compiled.values()
+    assert len(fn.launches) == 1 and launch.direct_launches == 1
+    grid0, grid1, grid2, stream, function, meta, md, enter, leave, *args = compiled.calls[0]
+    assert (grid0, grid1, grid2, stream, function, meta) == (9, 1, 1, 1234, compiled.function, compiled.packed_metadata)
+    assert (md, enter, leave) == (None, None, None)
+    assert args[0] is x and args[1:] == [5, 1, 2]
+    # anything Triton specializes on differently goes back to the JIT: a misaligned tensor,
+    # an int of 1, another dtype, other constexprs, another device
+    for args, k, dev in (((x[1:], 5), kw, 0), ((x, 1), kw, 0), ((x.double(), 5), kw, 0),
+                         ((x, 5), L.LaunchKw(A=1, B=3, num_warps=4), 0), ((x, 5), kw, 1)):
+        before = len(fn.launches)
+        launch(3, args, k, dev)
+        assert len(fn.launches) == before + 1
+    # an int of the same class, an aligned view at another address: direct
+    before = len(fn.launches)
+    launch(3, (x[4:], 21), kw, 0)
+    assert len(fn.launches) == before and launch.direct_launches == 2
+    # not allowed to: always the JIT
+    launch(3, (x, 5), kw, 0, direct=False)
+    assert len(fn.launches) == before + 1
+
+
+def test_the_launcher_leaves_hooks_and_refusing_launchers_to_the_jit(monkeypatch):
+    knobs = pytest.importorskip("triton.knobs")
+    monkeypatch.setattr(L, "_current_stream", lambda index: 1)
+    fn = _Jit()
+    launch = L.Launcher(fn)
+    kw = L.LaunchKw(A=1, B=2)
+    x = torch.zeros(8)
+    launch(1, (x, 5), kw, 0)
+    hook = lambda *a: None  # noqa: E731
+    knobs.runtime.launch_exit_hook.add(hook)
+    try:
+        launch(1, (x, 5), kw, 0)
+    finally:
+        knobs.runtime.launch_exit_hook.remove(hook)
+    assert len(fn.launches) == 2 and launch.direct_launches == 0  # a profiler's hook sees every launch
+    launch(1, (x, 5), kw, 0)
+    assert len(fn.launches) == 2 and launch.direct_launches == 1  # the chain is empty again
+    # a launcher that refuses the arguments (another Triton's convention): nothing ran there,
+    # the JIT launches, and the launcher stops trying
+    fn = _Jit(fail=True)
+    launch = L.Launcher(fn)
+    launch(1, (x, 5), kw, 0)
+    launch(1, (x, 5), kw, 0)
+    assert len(fn.launches) == 2 and launch.direct_launches == 0
+    launch(1, (x, 5), kw, 0)
+    (compiled,) = fn.compiled.values()
+    assert len(fn.launches) == 3 and compiled.calls == [] and launch.direct_launches == 0
+
+
+@pytest.mark.cuda
+def test_topk_through_direct_launches_matches_the_jits_and_torchs():
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(5)
+    rows, n, topk = 64, 6000, 64
+    block = torch.randn(rows, n + 8, generator=g)
+    starts = torch.randint(0, 500, (rows,), generator=g)
+    lengths = torch.randint(100, n - 500, (rows,), generator=g)
+    lengths[:3] = torch.tensor([0, topk, 5])
+    col = torch.arange(n)
+    counts = [(x.direct_launches, x.jit_launches) for x in (T._SAMPLE, T._FILTER, T._SELECT)]
+    # aligned and misaligned logits (a view one float in), int32 and int64 bounds, sample_min
+    # 0, 1 (a constant to Triton) and 16: each a specialization of its own, one after another
+    for shift, dtype, sample_min in itertools.product((0, 1, 0), (torch.int64, torch.int32), (0, 1, 16)):
+        logits = block.to(dev)[:, shift:shift + n]
+        inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
+        want = torch.empty(rows, topk, dtype=torch.int32)
+        row_topk(torch.where(inside, block[:, shift:shift + n], float("-inf")), starts, lengths, topk, want)
+        outs = []
+        for direct in (True, False, True):
+            out = torch.full((rows, topk), 7, dtype=torch.int32, device=dev)
+            T.ragged_topk(logits, starts.to(dtype).to(dev), lengths.to(dtype).to(dev), topk, out, piece=8,
+                          sparse=4, sample_min=sample_min, direct_launch=direct)
+            outs.append(out.cpu().sort(1).values)
+        assert torch.equal(outs[0], want.sort(1).values)
+        assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+    after = [(x.direct_launches, x.jit_launches) for x in (T._SAMPLE, T._FILTER, T._SELECT)]
+    # the filter and the first select launched directly at least once a specialization seen before
+    assert all(a[0] > b[0] for a, b in zip(after[1:], counts[1:]))
+
+
+def test_direct_launch_must_be_a_bool_or_none():
+    logits = torch.zeros(2, 8)
+    out = torch.zeros(2, 4, dtype=torch.int32)
+    idx = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="direct_launch"):
+        T.ragged_topk(logits, idx, idx, 4, out, direct_launch=1)
