@@ -174,3 +174,37 @@ def test_direct_launch_must_be_a_bool_or_none():
     idx = torch.zeros(2, dtype=torch.int64)
     with pytest.raises(ValueError, match="direct_launch"):
         T.ragged_topk(logits, idx, idx, 4, out, direct_launch=1)
+
+
+@pytest.mark.cuda
+def test_topk_through_direct_launches_replays_from_a_cuda_graph():
+    # an engine may capture the call: the direct launches must go to the capturing stream
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(9)
+    rows, n, topk = 48, 5000, 64
+    starts = torch.randint(0, 400, (rows,), generator=g)
+    lengths = torch.randint(200, n - 400, (rows,), generator=g)
+    col = torch.arange(n)
+    inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
+    logits = torch.randn(rows, n, generator=g).to(dev)
+    st, ln = starts.to(dev), lengths.to(dev)
+    out = torch.full((rows, topk), 7, dtype=torch.int32, device=dev)
+    call = lambda: T.ragged_topk(logits, st, ln, topk, out, piece=8, sparse=4, direct_launch=True)  # noqa: E731
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+        call()  # the second call launches directly
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for seed in (1, 2):
+        fresh = torch.randn(rows, n, generator=torch.Generator().manual_seed(seed))
+        logits.copy_(fresh.to(dev))
+        out.fill_(7)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = torch.empty(rows, topk, dtype=torch.int32)
+        row_topk(torch.where(inside, fresh, float("-inf")), starts, lengths, topk, want)
+        assert torch.equal(out.cpu().sort(1).values, want.sort(1).values)
