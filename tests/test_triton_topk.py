@@ -276,6 +276,28 @@ def test_rows_of_whole_blocks_and_lists_overflowing_mid_row(prefetch):
     assert stats[T.STAT_PLAIN] >= 2 and stats[T.STAT_SAMPLED] >= 1, stats
 
 
+def test_lopsided_lists_take_the_second_launch():
+    # each row's large keys sit in the columns one warp of the filter reads (a different
+    # warp a row), so nearly all of its 48-112 candidates land in one list (the CPU
+    # interpreter's filter: warp w reads columns [128w, 128w + 128) of each 512): more than a
+    # list's share of the 128-slot first tile (32), fewer than the tile, so the row waits
+    # for the second launch (tile of the whole lists) although the first tile could hold
+    # its candidates. A few balanced rows ride along
+    rows, n, topk = 10, 2000, 16
+    g = torch.Generator().manual_seed(61)
+    vals = torch.randn(rows, n, generator=g)
+    col = torch.arange(n)
+    for r in range(6):
+        vals[r, ((col % 512) // 128) == (r % 4)] += 4.0
+    starts = torch.zeros(rows, dtype=torch.int64)
+    lengths = torch.full((rows,), n, dtype=torch.int64)
+    lengths[1], lengths[7] = 1500, 1900
+    masked = torch.where(col[None] < lengths[:, None], vals, float("-inf"))
+    stats = _check(vals.to(DEVICE), masked, starts, lengths, topk, cap=512, tile=128, num_warps=4,
+                   filter_block=512, **SMALL_ROAD)
+    assert stats[T.STAT_SAMPLED] == rows, stats
+
+
 def test_second_launch_pulls_queued_rows_past_its_programs():
     # A first tile of 16 slots (4 a list) cannot hold any sampled row's >= 24 candidates, so
     # every such row is queued; every 7th row is at most k long and never queued. The second
