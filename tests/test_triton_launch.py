@@ -106,6 +106,38 @@ def test_the_launcher_launches_directly_once_the_jit_chose_the_kernel(monkeypatc
     # not allowed to: always the JIT
     launch(3, (x, 5), kw, 0, direct=False)
     assert len(fn.launches) == before + 1
+    # constexprs equal as numbers but not as types are other kernels to Triton (8 vs 8.0)
+    launch(3, (x, 5), L.LaunchKw(B=2.0, A=1, num_warps=4), 0)
+    assert len(fn.launches) == before + 2
+
+
+def test_the_launcher_keys_on_the_knobs_and_globals_the_jit_watches(monkeypatch):
+    knobs = pytest.importorskip("triton.knobs")
+    monkeypatch.setattr(L, "_current_stream", lambda index: 1)
+    fn = _Jit()
+    fn.used_global_vals = {("G", 0): (3, {"G": 3})}
+    launch = L.Launcher(fn)
+    kw = L.LaunchKw(A=1, B=2)
+    x = torch.zeros(8)
+    launch(1, (x, 5), kw, 0)
+    launch(1, (x, 5), kw, 0)
+    assert (len(fn.launches), launch.direct_launches) == (1, 1)
+    # debug mode (device asserts) is another kernel to the JIT
+    monkeypatch.setattr(knobs.runtime, "debug", True)
+    launch(1, (x, 5), kw, 0)
+    assert (len(fn.launches), launch.direct_launches) == (2, 1)
+    monkeypatch.setattr(knobs.runtime, "debug", False)
+    launch(1, (x, 5), kw, 0)
+    assert (len(fn.launches), launch.direct_launches) == (2, 2)
+    # a global the kernel reads changed: the JIT (which refuses it) launches
+    fn.used_global_vals[("G", 0)][1]["G"] = 4
+    launch(1, (x, 5), kw, 0)
+    assert (len(fn.launches), launch.direct_launches) == (3, 2)
+    fn.used_global_vals[("G", 0)][1]["G"] = 3
+    # a pre-run hook must see every launch
+    fn.pre_run_hooks = [lambda *a, **k: None]
+    launch(1, (x, 5), kw, 0)
+    assert (len(fn.launches), launch.direct_launches) == (4, 2)
 
 
 def test_the_launcher_leaves_hooks_and_refusing_launchers_to_the_jit(monkeypatch):
@@ -208,3 +240,14 @@ def test_topk_through_direct_launches_replays_from_a_cuda_graph():
         want = torch.empty(rows, topk, dtype=torch.int32)
         row_topk(torch.where(inside, fresh, float("-inf")), starts, lengths, topk, want)
         assert torch.equal(out.cpu().sort(1).values, want.sort(1).values)
+
+
+def test_a_bad_direct_launch_flag_is_refused_before_any_kernel(monkeypatch):
+    logits = torch.randn(3, 40)
+    out = torch.full((3, 4), 5, dtype=torch.int32)
+    idx = torch.tensor([0, 2, 1])
+    lens = torch.tensor([40, 30, 20])
+    monkeypatch.setenv("INDEXER_TRITON_DIRECT_LAUNCH", "sometimes")
+    with pytest.raises(ValueError, match="INDEXER_TRITON_DIRECT_LAUNCH"):
+        T.ragged_topk(logits, idx, lens, 4, out)
+    assert (out == 5).all()

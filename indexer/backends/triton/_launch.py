@@ -10,8 +10,8 @@ same specialization call that kernel's launcher directly.
 The specialization is what Triton's ``specialize_impl`` derives from the arguments (Triton
 3.4-3.9): a tensor's dtype and whether its address is a multiple of 16 bytes, an int's width
 (int32, int64, uint64), whether it is 1 (then a constant of the kernel) and whether it is a
-multiple of 16. :func:`spec_key` keys on exactly these, so that two argument lists with one
-key select one compiled kernel (``tests/test_triton_launch.py`` checks the key against
+multiple of 16. :func:`spec_key` keys on exactly these (with the constexprs, typed, and the
+knobs the JIT's key holds), so that two launches with one key select one compiled kernel (``tests/test_triton_launch.py`` checks the key against
 Triton's own specialization for the NVIDIA backend). AMD's backend also specializes on
 whether a tensor spans under 2 GB (buffer ops): the callers launch directly on NVIDIA only.
 Anything else (another argument type, a launch hook set for a profiler, Triton's
@@ -54,7 +54,8 @@ class LaunchKw(dict):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.key = tuple(self.items())
+        # typed: 8 and 8.0, True and 1 are different constexprs (and kernels) to Triton
+        self.key = tuple((name, type(value), value) for name, value in self.items())
 
 
 _KNOBS = []
@@ -72,22 +73,36 @@ def _current_stream(index: int) -> int:
     return _cuda_getCurrentRawStream(index)
 
 
-def _hooks_set() -> bool:
-    # a launch hook (a profiler's, Proton's) must see every launch: leave those to the JIT
+_MISSING = object()
+
+
+def _jit_state(fn) -> tuple | None:
+    """What else Triton's JIT puts in a kernel's cache key or does before a launch: ``None``
+    where only the JIT may launch (a launch hook, as a profiler's, must see every launch; a
+    pre-run hook; a stage-inspection hook; a global the kernel reads changed since it was
+    compiled, which the JIT refuses; no ``triton.knobs``: before Triton 3.4, whose
+    launcher takes other arguments), else the knobs the key holds (debug, instrumentation,
+    FP sanitizer)."""
     if not _KNOBS:
         try:
             from triton import knobs
-        except ImportError:  # before Triton 3.4: no knobs, and the launcher's arguments differ
+        except ImportError:
             knobs = None
         _KNOBS.append(knobs)
     knobs = _KNOBS[0]
-    if knobs is None:
-        return True
-    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+    if knobs is None or getattr(fn, "pre_run_hooks", None):
+        return None
+    runtime, compilation = knobs.runtime, knobs.compilation
+    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
         # Triton 3.4+: a HookChain, set when it holds a call (a bare callable: always set)
         if hook is not None and getattr(hook, "calls", True):
-            return True
-    return False
+            return None
+    if getattr(runtime, "add_stages_inspection_hook", None) is not None:
+        return None
+    for (name, _), (value, scope) in getattr(fn, "used_global_vals", {}).items():
+        if scope.get(name, _MISSING) != value:
+            return None
+    return (runtime.debug, compilation.instrumentation_mode, getattr(compilation, "fpsan_homomorphic_casts", None))
 
 
 class Launcher:
@@ -113,14 +128,16 @@ class Launcher:
             grid: Programs (a 1-D grid).
             args: The runtime arguments, in parameter order.
             kw: The constexprs (every one) and launch options (``num_warps``, ``maxnreg``...).
-            device_index: The CUDA device the launch runs on (the current one).
+            device_index: The CUDA device the launch runs on: the current one (the callers
+                launch inside :func:`~._kernels.device_guard`).
             direct: Whether a compiled kernel may be launched directly (else always the JIT).
         """
         key = None
-        if direct and not self._broken and not _hooks_set():
+        state = _jit_state(self.fn) if direct and not self._broken else None
+        if state is not None:
             spec = spec_key(args)
             if spec is not None:
-                key = (kw.key, device_index, spec)
+                key = (kw.key, state, device_index, spec)
                 hit = self._kernels.get(key)
                 if hit is not None:
                     kernel, constexprs = hit

@@ -1149,6 +1149,11 @@ def ragged_topk(
         device, cfg, topk, n, block, filter_block, num_warps, programs_per_sm, select_warps, tile, ballot, fused,
         prefetch, tile_write, filter_maxnreg, select_maxnreg, dynamic, presample, ballot_write, radix_bits, pieces,
         piece, sparse, sigmas, cap, sample_low_bit, sample_slack, stats is not None)
+    # NVIDIA only: AMD's Triton also specializes on whether a tensor spans under 2 GB
+    # (buffer ops), which the direct launches' key does not hold
+    # (the flag is read, and so checked, everywhere)
+    direct = _envs.value("TRITON_DIRECT_LAUNCH") if direct_launch is None else direct_launch
+    direct = direct and _nvidia(device)
     if rows == 0:
         return
     # int32 or int64 as they come (the kernels load either): no conversion launches
@@ -1165,15 +1170,15 @@ def ragged_topk(
     thr = counts[rows * num_warps:]
     wpos = thr[rows:]
     ctl = wpos[rows:]
-    # only the write counters and ctl[0:3] need zeros (a row's counts and threshold are
-    # written before they are read); the sample kernel zeroes them, else one fill does
+    # only the write counters and ctl[0:3] need zeros; the sample kernel zeroes them, else
+    # one fill does. A filtered row's counts and threshold are written before they are
+    # read; the select also loads them for a row of the plain road (shorter than
+    # sample_min, never filtered), whose road is already set by its length: the values
+    # read there are never used
     if sample_kw is None:
         wpos[: rows + 3].zero_()
     stats_arg = stats if stats is not None else lens
     stride_lm = logits.stride(0)
-    # NVIDIA only: AMD's Triton also specializes on whether a tensor spans under 2 GB
-    # (buffer ops), which the direct launches' key does not hold
-    direct = _nvidia(device) and (_envs.value("TRITON_DIRECT_LAUNCH") if direct_launch is None else direct_launch)
     index = device.index
     with device_guard(logits):
         if sample_kw is not None:
