@@ -170,8 +170,8 @@ def run(args: argparse.Namespace) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     cols = [("N", "keys N", "d"), ("M", "rows M", "d"), ("method", "top-k", "s"), ("ms", "ms", ".3f"),
-            ("queued_ms", "queued ms", ".3f"), ("host_us", "host us", ".0f"), ("speedup", "vs torch.topk", ".2f"), ("floor_ms", "floor ms", ".3f"),
-            ("x_floor", "x floor", ".2f"), ("x_floor_queued", "queued x floor", ".2f"),
+            ("queued_ms", "queued ms", ".3f"), ("host_us", "host us", ".0f"), ("speedup", "vs torch.topk", ".2f"),
+            ("floor_ms", "floor ms", ".3f"), ("x_floor", "x floor", ".2f"), ("x_floor_queued", "queued x floor", ".2f"),
             ("same", "same set", ".1%"), ("note", "note", "s")]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     bw_text = f", copy bandwidth {bw / 1e9:.2f} TB/s" if bw else ""

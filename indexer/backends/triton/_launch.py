@@ -11,14 +11,17 @@ The specialization is what Triton's ``specialize_impl`` derives from the argumen
 3.4-3.9): a tensor's dtype and whether its address is a multiple of 16 bytes, an int's width
 (int32, int64, uint64), whether it is 1 (then a constant of the kernel) and whether it is a
 multiple of 16. :func:`spec_key` keys on exactly these (with the constexprs, typed, and the
-knobs the JIT's key holds), so that two launches with one key select one compiled kernel (``tests/test_triton_launch.py`` checks the key against
-Triton's own specialization for the NVIDIA backend). AMD's backend also specializes on
+knobs the JIT's key holds), so that two launches with one key select one compiled kernel
+(``tests/test_triton_launch.py`` checks the key against Triton's own specialization for the
+NVIDIA backend). AMD's backend also specializes on
 whether a tensor spans under 2 GB (buffer ops): the callers launch directly on NVIDIA only.
 Anything else (another argument type, a launch hook set for a profiler, Triton's
 interpreter, a launcher that refuses the arguments) takes the JIT's road.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -58,9 +61,6 @@ class LaunchKw(dict):
         self.key = tuple((name, type(value), value) for name, value in self.items())
 
 
-_KNOBS = []
-
-
 def _current_stream(index: int) -> int:
     # the stream Triton's JIT launches on: torch's current one (its raw handle, as Triton's
     # CUDA driver reads it; the public road where that is gone)
@@ -76,6 +76,15 @@ def _current_stream(index: int) -> int:
 _MISSING = object()
 
 
+@functools.cache
+def _knobs():
+    try:
+        from triton import knobs
+    except ImportError:
+        return None
+    return knobs
+
+
 def _jit_state(fn) -> tuple | None:
     """What else Triton's JIT puts in a kernel's cache key or does before a launch: ``None``
     where only the JIT may launch (a launch hook, as a profiler's, must see every launch; a
@@ -83,13 +92,7 @@ def _jit_state(fn) -> tuple | None:
     compiled, which the JIT refuses; no ``triton.knobs``: before Triton 3.4, whose
     launcher takes other arguments), else the knobs the key holds (debug, instrumentation,
     FP sanitizer)."""
-    if not _KNOBS:
-        try:
-            from triton import knobs
-        except ImportError:
-            knobs = None
-        _KNOBS.append(knobs)
-    knobs = _KNOBS[0]
+    knobs = _knobs()
     if knobs is None or getattr(fn, "pre_run_hooks", None):
         return None
     runtime, compilation = knobs.runtime, knobs.compilation
