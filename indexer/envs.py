@@ -299,7 +299,14 @@ def resolve(name: str, platform_key: str | None = None, override: Any = None) ->
 
 
 def value(name: str, platform_key: str | None = None, override: Any = None) -> Any:
-    """Shorthand for ``resolve(...).value``."""
+    """Shorthand for ``resolve(...).value``; an unset flag without platform variants reads
+    its default without the record (hot paths read their flags on every call)."""
+    if override is None:
+        flag = _FLAGS.get(name)
+        if flag is not None and not (flag.per_platform and platform_key is not None):
+            raw = os.environ.get(flag.env_name)
+            if raw is None or not raw.strip():
+                return flag.platform_defaults.get(platform_key, flag.default)
     return resolve(name, platform_key, override).value
 
 

@@ -91,7 +91,8 @@ def test_the_launcher_launches_directly_once_the_jit_chose_the_kernel(monkeypatc
     grid0, grid1, grid2, stream, function, meta, md, enter, leave, *args = compiled.calls[0]
     assert (grid0, grid1, grid2, stream, function, meta) == (9, 1, 1, 1234, compiled.function, compiled.packed_metadata)
     assert (md, enter, leave) == (None, None, None)
-    assert args[0] is x and args[1:] == [5, 1, 2]
+    # a pointer goes as its address (the launcher takes an int as the pointer itself)
+    assert args == [x.data_ptr(), 5, 1, 2]
     # anything Triton specializes on differently goes back to the JIT: a misaligned tensor,
     # an int of 1, another dtype, other constexprs, another device
     for args, k, dev in (((x[1:], 5), kw, 0), ((x, 1), kw, 0), ((x.double(), 5), kw, 0),
@@ -109,6 +110,37 @@ def test_the_launcher_launches_directly_once_the_jit_chose_the_kernel(monkeypatc
     # constexprs equal as numbers but not as types are other kernels to Triton (8 vs 8.0)
     launch(3, (x, 5), L.LaunchKw(B=2.0, A=1, num_warps=4), 0)
     assert len(fn.launches) == before + 2
+
+
+def test_a_place_in_a_buffer_launches_as_its_view_would():
+    # At(t, i): the JIT gets the view t[i:]; a direct launch its address; both one key
+    buf = torch.zeros(64, dtype=torch.int32)
+    for i in range(9):
+        at = L.At(buf, i)
+        view = at.view()
+        assert view.data_ptr() == at.address == buf.data_ptr() + 4 * i and view.dtype == buf.dtype
+        assert at.view() is view  # made once
+        assert L.spec_key((at, 3)) == L.spec_key((view, 3))
+        assert L.At(buf, i, base=buf.data_ptr()).address == at.address
+    assert L.jit_args((L.At(buf, 4), 7, buf))[1:] == (7, buf)
+
+
+def test_the_launcher_passes_places_as_views_to_the_jit_and_addresses_directly(monkeypatch):
+    monkeypatch.setattr(L, "_current_stream", lambda index: 1)
+    fn = _Jit()
+    launch = L.Launcher(fn)
+    kw = L.LaunchKw(A=1, B=2)
+    buf = torch.zeros(64, dtype=torch.int32)
+    launch(1, (L.At(buf, 4), 5), kw, 0)
+    (_, args, _), = fn.launches
+    assert isinstance(args[0], torch.Tensor) and args[0].data_ptr() == buf.data_ptr() + 16
+    launch(1, (L.At(buf, 8), 5), kw, 0)  # aligned too: the kernel the JIT chose for At(buf, 4)
+    (compiled,) = fn.compiled.values()
+    assert len(fn.launches) == 1 and compiled.calls[0][9:] == (buf.data_ptr() + 32, 5, 1, 2)
+    launch(1, (L.At(buf, 5), 5), kw, 0)  # misaligned: another specialization, the JIT's
+    assert len(fn.launches) == 2
+    # equal constexprs made twice: one key (an int standing for the items), typed
+    assert L.LaunchKw(A=1, B=2).key == kw.key != L.LaunchKw(A=1, B=2.0).key
 
 
 def test_the_launcher_keys_on_the_knobs_and_globals_the_jit_watches(monkeypatch):
@@ -251,3 +283,22 @@ def test_a_bad_direct_launch_flag_is_refused_before_any_kernel(monkeypatch):
     with pytest.raises(ValueError, match="INDEXER_TRITON_DIRECT_LAUNCH"):
         T.ragged_topk(logits, idx, lens, 4, out)
     assert (out == 5).all()
+
+
+def test_the_device_guard_switches_only_to_another_device(monkeypatch):
+    from indexer.backends.triton import _kernels as K
+
+    class _OnCuda:
+        is_cuda = True
+
+        def __init__(self, index):
+            self.index = index
+
+        def get_device(self):
+            return self.index
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert isinstance(K.device_guard(torch.zeros(1)), type(K.contextlib.nullcontext()))
+    assert isinstance(K.device_guard(_OnCuda(1)), type(K.contextlib.nullcontext()))
+    guard = K.device_guard(_OnCuda(0))
+    assert isinstance(guard, torch.cuda.device) and guard.idx == 0

@@ -17,11 +17,17 @@ NVIDIA backend). AMD's backend also specializes on
 whether a tensor spans under 2 GB (buffer ops): the callers launch directly on NVIDIA only.
 Anything else (another argument type, a launch hook set for a profiler, Triton's
 interpreter, a launcher that refuses the arguments) takes the JIT's road.
+
+A direct launch passes each pointer as its address (an int, which Triton's launcher takes
+as the pointer itself): it skips the launcher's ``data_ptr`` call and driver query a tensor,
+and lets a caller pass :class:`At` (a place in a buffer) where it would make a view only for
+the launch. The callers check that every tensor is on the launch's device first.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 
 import torch
 
@@ -36,29 +42,81 @@ def _int_key(v: int) -> tuple:
     return (width, v % 16 == 0)
 
 
+class At:
+    """A pointer argument ``offset`` elements into the flat tensor ``tensor``: what
+    ``tensor[offset:]`` would pass, without making that view where the launch is direct
+    (which needs only its address; a view takes 1-2 us of host time, six of them a call).
+
+    Args:
+        tensor: A 1-D tensor with unit stride.
+        offset: Elements from its start.
+        base: ``tensor.data_ptr()``, when the caller already has it.
+    """
+
+    __slots__ = ("tensor", "offset", "address", "_view")
+
+    def __init__(self, tensor: torch.Tensor, offset: int, base: int | None = None):
+        self.tensor, self.offset, self._view = tensor, offset, None
+        self.address = (tensor.data_ptr() if base is None else base) + offset * tensor.element_size()
+
+    def view(self) -> torch.Tensor:
+        """The view itself (made once): what the JIT gets."""
+        if self._view is None:
+            self._view = self.tensor[self.offset:]
+        return self._view
+
+
+def _direct_args(args: tuple) -> tuple[tuple | None, list]:
+    """``(key, raw)``: :func:`spec_key` and the arguments as a compiled kernel's launcher takes
+    them, a pointer as its address (an int: the launcher then neither calls ``data_ptr`` nor
+    asks the driver about it; the callers check devices before they launch)."""
+    key, raw = [], []
+    for a in args:
+        if type(a) is int:
+            key.append(_int_key(a))
+            raw.append(a)
+        elif type(a) is At:
+            key.append((a.tensor.dtype, a.address % 16 == 0))
+            raw.append(a.address)
+        elif isinstance(a, torch.Tensor):
+            address = a.data_ptr()
+            key.append((a.dtype, address % 16 == 0))
+            raw.append(address)
+        else:
+            return None, raw
+    return tuple(key), raw
+
+
 def spec_key(args: tuple) -> tuple | None:
     """What Triton specializes a kernel on for these runtime arguments, as a hashable key:
-    per tensor its dtype and 16-byte alignment, per int its width class, ``== 1`` and ``% 16
-    == 0``. ``None`` for an argument of any other type (the JIT then launches)."""
-    key = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            key.append((a.dtype, a.data_ptr() % 16 == 0))
-        elif type(a) is int:
-            key.append(_int_key(a))
-        else:
-            return None
-    return tuple(key)
+    per tensor (or :class:`At`) its dtype and 16-byte alignment, per int its width class,
+    ``== 1`` and ``% 16 == 0``. ``None`` for an argument of any other type (the JIT then
+    launches)."""
+    return _direct_args(args)[0]
+
+
+def jit_args(args: tuple) -> tuple:
+    """The arguments as the JIT takes them: each :class:`At` as its view."""
+    return tuple(a.view() if type(a) is At else a for a in args)
+
+
+_KW_KEYS: dict[tuple, int] = {}
+_kw_ids = itertools.count()
 
 
 class LaunchKw(dict):
     """A launch's constexprs and options (``kw`` of ``kernel[grid](*args, **kw)``), with
-    ``key``: a hashable copy of its items, made once (equal items, equal keys)."""
+    ``key``: an int standing for its items, given once (equal items, equal keys; a launch
+    hashes it instead of every item again)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # typed: 8 and 8.0, True and 1 are different constexprs (and kernels) to Triton
-        self.key = tuple((name, type(value), value) for name, value in self.items())
+        items = tuple((name, type(value), value) for name, value in self.items())
+        self.key = _KW_KEYS.get(items)
+        if self.key is None:
+            # next() is atomic: two threads may spend two ids on one item set, never one id on two
+            self.key = _KW_KEYS.setdefault(items, next(_kw_ids))
 
 
 def _current_stream(index: int) -> int:
@@ -129,7 +187,7 @@ class Launcher:
 
         Args:
             grid: Programs (a 1-D grid).
-            args: The runtime arguments, in parameter order.
+            args: The runtime arguments, in parameter order: tensors, :class:`At` and ints.
             kw: The constexprs (every one) and launch options (``num_warps``, ``maxnreg``...).
             device_index: The CUDA device the launch runs on: the current one (the callers
                 launch inside :func:`~._kernels.device_guard`).
@@ -138,7 +196,7 @@ class Launcher:
         key = None
         state = _jit_state(self.fn) if direct and not self._broken else None
         if state is not None:
-            spec = spec_key(args)
+            spec, raw = _direct_args(args)
             if spec is not None:
                 key = (kw.key, state, device_index, spec)
                 hit = self._kernels.get(key)
@@ -147,7 +205,7 @@ class Launcher:
                     stream = _current_stream(device_index)
                     try:
                         kernel.run(grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
-                                   *args, *constexprs)
+                                   *raw, *constexprs)
                     except TypeError:
                         # the launcher parses its arguments before it launches: one that takes
                         # others (another Triton) refused them and nothing ran
@@ -156,7 +214,7 @@ class Launcher:
                         self.direct_launches += 1
                         return
                     key = None
-        kernel = self.fn[(grid,)](*args, **kw)
+        kernel = self.fn[(grid,)](*jit_args(args), **kw)
         self.jit_launches += 1
         names = self.fn.arg_names[len(args):]
         if key is not None and all(n in kw for n in names) and all(

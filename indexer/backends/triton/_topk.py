@@ -49,7 +49,7 @@ import torch
 
 from ... import envs as _envs
 from ._kernels import device_guard
-from ._launch import Launcher, LaunchKw
+from ._launch import At, Launcher, LaunchKw
 
 try:
     import triton
@@ -72,6 +72,11 @@ RADIX_BITS = 4
 #: The select's regula falsi (:func:`_kth_key`) halves its bracket after this many counts,
 #: and while the bracket spans more than ``SEARCH_SPAN`` keys (two binades of float32).
 SEARCH_BISECT_AFTER, SEARCH_SPAN = 16, 1 << 24
+#: Programs an SM of the second select launch, each pulling queued rows (lists longer than
+#: the first launch's tile) until none is left: two overlap one's memory waits with the
+#: other's counting (H200, 256K keys, 1609 queued rows of 8192: 164 -> 110 us; four: the
+#: same as two; stop 18's probe32, docs/benchmarks.md).
+SECOND_PROGRAMS_PER_SM = 2
 #: Counters of :func:`ragged_topk`'s ``stats``: rows listed whole (at most k keys), rows
 #: selected from sampled candidates, rows that took the plain radix select, rows selected
 #: on the row itself (longer than k, within the select tile).
@@ -790,9 +795,11 @@ TOPK_CONFIGS: dict[str, dict] = {
     # (filter_maxnreg applies to the filter that only streams: presample and not fused; at 32
     # registers the SM holds 64 warps of it and the PTX filter step's loops keep out of the
     # spills; at 8 warps Triton's step spilled there and ran 17-27% slower. 4 warps and 16
-    # programs an SM beat 8 and 8 by 3% at 64K-256K, stop 16's probe25)
+    # programs an SM beat 8 and 8 by 3% at 64K-256K, stop 16's probe25. select_maxnreg caps
+    # the first select launch: at 80 registers more of its programs fit an SM, 201 -> 184 us
+    # at 64K and 128K; 72-104 within 1% of it at 256K, stop 18's probes 32 and 33)
     "sm90": dict(num_warps=4, filter_block=512, programs_per_sm=16, select_warps=4, prefetch=2, dynamic=True,
-                 presample=True, ballot_write=True, filter_maxnreg=32),
+                 presample=True, ballot_write=True, filter_maxnreg=32, select_maxnreg=80),
 }
 
 
@@ -1017,11 +1024,12 @@ def _select_launches(common: dict, tile: int, cap: int, select_warps: int, fused
 
 def _run_selects(device: torch.device, rows: int, selects: tuple, logits, starts, lengths, out, cand32, counts, thr,
                  ctl, wpos, stats, stride_lm: int, sample_min: int, direct: bool = False) -> None:
-    # one program a row for the first launch, one an SM pulling queued rows for the second;
-    # wpos: a zeroed int32 write counter a row (a row is written by one launch only)
+    # one program a row for the first launch, SECOND_PROGRAMS_PER_SM an SM pulling queued
+    # rows for the second; wpos: a zeroed int32 write counter a row (a row is written by one
+    # launch only)
     args = (logits, starts, lengths, out, cand32, counts, thr, ctl, wpos, stats, stride_lm, out.stride(0), sample_min)
     for first, kw in selects:
-        _SELECT(rows if first else _programs(device, rows, 1), args, kw, device.index, direct)
+        _SELECT(rows if first else _programs(device, rows, SECOND_PROGRAMS_PER_SM), args, kw, device.index, direct)
 
 
 def ragged_topk(
@@ -1162,21 +1170,24 @@ def ragged_topk(
     # one allocation: the candidate lists (an int64 slot: value bits, column), then int32
     # per-list counts, thresholds, write counters and ctl: [0] the filter's next row
     # (dynamic), [1] rows queued for the second select launch, [2] its next entry, [3:] the
-    # queue. The kernels index rows themselves, so flat views do
+    # queue. The kernels index rows themselves, so places in the flat buffer do (At: a view
+    # only where the JIT launches)
     lists = rows * cap
     buf = torch.empty(lists + (rows * (num_warps + 3) + 4) // 2, dtype=torch.int64, device=device)
     cand32 = buf.view(torch.int32)
-    counts = cand32[2 * lists:]
-    thr = counts[rows * num_warps:]
-    wpos = thr[rows:]
-    ctl = wpos[rows:]
+    base = cand32.data_ptr()
+    at_wpos = 2 * lists + rows * (num_warps + 1)
+    counts = At(cand32, 2 * lists, base)
+    thr = At(cand32, at_wpos - rows, base)
+    wpos = At(cand32, at_wpos, base)
+    ctl = At(cand32, at_wpos + rows, base)
     # only the write counters and ctl[0:3] need zeros; the sample kernel zeroes them, else
     # one fill does. A filtered row's counts and threshold are written before they are
     # read; the select also loads them for a row of the plain road (shorter than
     # sample_min, never filtered), whose road is already set by its length: the values
     # read there are never used
     if sample_kw is None:
-        wpos[: rows + 3].zero_()
+        cand32[at_wpos: at_wpos + rows + 3].zero_()  # wpos and ctl[0:3], adjacent
     stats_arg = stats if stats is not None else lens
     stride_lm = logits.stride(0)
     index = device.index
