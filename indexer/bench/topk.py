@@ -235,6 +235,11 @@ def _tune(args: argparse.Namespace, device: torch.device) -> dict:
             # a filter cap only where a config's would apply (the filter that only streams),
             # so that the config installed is the one measured
             if not (fr and (f or not ps))]
+    # the config in use is always a candidate: a grid that misses it cannot install a slower one
+    config = T.launch_config(device)
+    current = {key: (config[key] or 0) if key.endswith("maxnreg") else config[key] for key in grid[0]} if grid else {}
+    if current and current not in grid:
+        grid.append(current)
     for cfg in grid:
         # device time: the host's launch time is the same for every config
         ms = queued_median_ms(lambda: T.ragged_topk(logits, starts, lengths, args.topk, out, **cfg), device,
