@@ -285,29 +285,36 @@ def resolve(name: str, platform_key: str | None = None, override: Any = None) ->
     flag = get_flag(name)
     if override is not None:
         return Resolved(flag, _parse_value(flag, override, "argument"), "argument")
-    candidates = []
-    if flag.per_platform and platform_key is not None:
-        candidates.append(flag.platform_env_name(platform_key))
-    candidates.append(flag.env_name)
-    for env_name in candidates:
-        raw = os.environ.get(env_name)
-        if raw is not None and raw.strip() != "":
-            return Resolved(flag, _parse_value(flag, raw, env_name), f"env {env_name}")
+    env_name, raw = _set_env(flag, platform_key)
+    if env_name is not None:
+        return Resolved(flag, _parse_value(flag, raw, env_name), f"env {env_name}")
     if platform_key in flag.platform_defaults:
         return Resolved(flag, flag.platform_defaults[platform_key], f"default ({platform_key})")
     return Resolved(flag, flag.default, "default")
 
 
+def _set_env(flag: Flag, platform_key: str | None) -> tuple[str | None, str | None]:
+    """``(variable, raw value)`` of the first of the flag's variables that is set (not blank),
+    platform variant first; ``(None, None)`` when none is."""
+    names = (flag.platform_env_name(platform_key), flag.env_name) if flag.per_platform and platform_key is not None else (
+        flag.env_name,)
+    for env_name in names:
+        raw = os.environ.get(env_name)
+        if raw is not None and raw.strip() != "":
+            return env_name, raw
+    return None, None
+
+
 def value(name: str, platform_key: str | None = None, override: Any = None) -> Any:
-    """Shorthand for ``resolve(...).value``; an unset flag without platform variants reads
-    its default without the record (hot paths read their flags on every call)."""
-    if override is None:
-        flag = _FLAGS.get(name)
-        if flag is not None and not (flag.per_platform and platform_key is not None):
-            raw = os.environ.get(flag.env_name)
-            if raw is None or not raw.strip():
-                return flag.platform_defaults.get(platform_key, flag.default)
-    return resolve(name, platform_key, override).value
+    """Shorthand for ``resolve(...).value``, without building the record (hot paths read
+    their flags on every call)."""
+    if override is not None:
+        return resolve(name, platform_key, override).value
+    flag = get_flag(name)
+    env_name, raw = _set_env(flag, platform_key)
+    if env_name is not None:
+        return _parse_value(flag, raw, env_name)
+    return flag.platform_defaults.get(platform_key, flag.default)
 
 
 def _parse_value(flag: Flag, raw: Any, where: str) -> Any:
