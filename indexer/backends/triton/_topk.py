@@ -30,9 +30,9 @@ indices are written at a scan's positions, or (``ballot_write=True``, NVIDIA, th
 default) at slots a warp ballot and one atomic add a warp on a per-row counter give. A row whose
 per-warp lists overflow the first tile is queued for a second launch with a tile as large
 as the lists (``SECOND_PROGRAMS_PER_SM`` programs an SM pulling rows from the queue: a
-launch with an empty queue costs a load a program). (``fused=True`` runs the first select inside the filter kernel
-instead, leaving ties at the k-th key and the plain road to the second launch; on an H200
-it measured slower.)
+launch with an empty queue costs a load a program). (``fused=True`` runs the first select
+inside the filter kernel instead, leaving ties at the k-th key and the plain road to the
+second launch; on an H200 it measured slower.)
 
 Rows the sampled road cannot serve (still too few candidates, or more than a list holds:
 a huge tie at ``t``) take the plain road: a radix select over the whole row, ``radix_bits``
