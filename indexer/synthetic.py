@@ -105,3 +105,54 @@ def make_needle_inputs(
     weights = (torch.rand(m, heads, generator=gen) + 0.1) * q_scale
     dev = torch.device(device)
     return Inputs(q8.to(dev), k8.to(dev), k_scale.to(dev), weights.to(dev), starts.to(dev), ends.to(dev)), needles
+
+
+#: Shapes of logits a real indexer produces beside the i.i.d. Gaussian, for the top-k's
+#: benchmarks and tests (:func:`logits_like`).
+LOGIT_DISTRIBUTIONS = ("gaussian", "equal", "few_distinct", "ascending", "descending", "outliers", "recency", "sink",
+                       "relu_zeros")
+
+
+def logits_like(name: str, rows: int, n: int, device: torch.device | str = "cpu", seed: int = 0) -> torch.Tensor:
+    """A float32 ``[rows, n]`` block of logits shaped like ``name``, one of
+    :data:`LOGIT_DISTRIBUTIONS`:
+
+    * ``gaussian``: i.i.d. standard normal;
+    * ``equal``: every key 1.0 (a zero or padded stretch: one tie across the row);
+    * ``few_distinct``: integers 0-7 (quantized scores: ties at every value);
+    * ``ascending`` / ``descending``: a ramp rising toward the latest key or the first;
+    * ``outliers``: flat 0.0 with 64 keys of 5-6 at random columns (fewer than a top-k);
+    * ``recency``: normal, the last ``min(4096, n // 4)`` keys raised by 3 (a local window);
+    * ``sink``: normal, key 0 at 100 (an attention sink);
+    * ``relu_zeros``: ``relu(x - 2.5)`` of a normal ``x``: 0.6% of the keys positive, the
+      rest exact zeros (a ReLU-weighted sum over heads that no head lights up).
+
+    Rows differ (drawn from one generator on ``device``, seeded by ``seed``).
+
+    Raises:
+        ValueError: an unknown ``name`` (the message lists the known ones).
+    """
+    if name not in LOGIT_DISTRIBUTIONS:
+        raise ValueError(f"name must be one of {', '.join(LOGIT_DISTRIBUTIONS)}; got {name!r}")
+    dev = torch.device(device)
+    gen = torch.Generator(dev).manual_seed(seed)
+    if name == "equal":
+        return torch.ones(rows, n, device=dev)
+    if name == "few_distinct":
+        return torch.randint(0, 8, (rows, n), generator=gen, device=dev).float()
+    if name in ("ascending", "descending"):
+        ramp = torch.arange(n, device=dev, dtype=torch.float32) / max(n, 1)
+        return (ramp if name == "ascending" else 1.0 - ramp).expand(rows, n).contiguous()
+    if name == "outliers":
+        x = torch.zeros(rows, n, device=dev)
+        cols = torch.randint(0, n, (rows, 64), generator=gen, device=dev)
+        x.scatter_(1, cols, 5.0 + torch.rand(rows, 64, generator=gen, device=dev))
+        return x
+    x = torch.randn(rows, n, generator=gen, device=dev)
+    if name == "recency":
+        x[:, n - min(4096, n // 4):] += 3.0
+    elif name == "sink":
+        x[:, 0] = 100.0
+    elif name == "relu_zeros":
+        x = (x - 2.5).clamp_min_(0.0)
+    return x

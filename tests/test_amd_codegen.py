@@ -58,13 +58,13 @@ _SELECT_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, out_pt
                    cnt_ptr=_P32, thr_ptr=_P32, ctl_ptr=_P32, wpos_ptr=_P32, stats_ptr=_P32, stride_lm=_I,
                    stride_om=_I, sample_min=_I)
 _FILTER_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, cand_ptr=_P64, cand32_ptr=_P32,
-                   cnt_ptr=_P32, thr_ptr=_P32, out_ptr=_P32, ctl_ptr=_P32, wpos_ptr=_P32, stats_ptr=_P32, rows=_I,
-                   stride_lm=_I, stride_om=_I, sample_min=_I)
-_SAMPLE_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, thr_ptr=_P32, wpos_ptr=_P32, ctl_ptr=_P32,
-                   stride_lm=_I, sample_min=_I)
+                   cnt_ptr=_P32, thr_ptr=_P32, tcol_ptr=_P32, out_ptr=_P32, ctl_ptr=_P32, wpos_ptr=_P32,
+                   stats_ptr=_P32, rows=_I, stride_lm=_I, stride_om=_I, sample_min=_I)
+_SAMPLE_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, thr_ptr=_P32, tcol_ptr=_P32, cnt_ptr=_P32,
+                   wpos_ptr=_P32, ctl_ptr=_P32, stride_lm=_I, sample_min=_I)
 
 
-def _amd_plan(presample: bool, fused: bool):
+def _amd_plan(presample: bool, fused: bool, slices: int = 1):
     from indexer.backends.triton import _topk as T
 
     # ragged_topk's launches off NVIDIA (a CPU device stands for AMD in the plan: both take
@@ -72,13 +72,14 @@ def _amd_plan(presample: bool, fused: bool):
     cfg = tuple((key, type(value), value) for key, value in T.DEFAULT_CONFIG.items())
     return T._plan(torch.device("cpu"), cfg, 2048, 65536, None, None, None, None, None, None, None, fused, None, None,
                    None, None, None, presample, None, T.RADIX_BITS, None, T.PIECE, T.SPARSE, T.SIGMAS, None, 8,
-                   T.SAMPLE_SLACK, True)
+                   T.SAMPLE_SLACK, True, slices)
 
 
-def _topk_kernels(arch: str, presample: bool, fused: bool) -> None:
+def _topk_kernels(arch: str, presample: bool, fused: bool, slices: int) -> None:
     from indexer.backends.triton import _topk as T
 
-    _, _, _, sample_kw, filter_kw, selects = _amd_plan(presample, fused)
+    _, _, _, sample_kw, filter_kw, selects = _amd_plan(presample, fused, slices)
+    assert filter_kw["SL"] == slices
     assert not filter_kw["BALLOT"] and not filter_kw["WB"] and "maxnreg" not in filter_kw
     _compile(T._filter_kernel, _FILTER_SIG, filter_kw, arch)
     for _, kw in selects:
@@ -119,9 +120,11 @@ def _run_child(*args: str) -> None:
 
 
 @pytest.mark.parametrize("arch", sorted(FP8))
-@pytest.mark.parametrize("presample,fused", [(False, False), (True, False), (False, True)])
-def test_topk_kernels_compile_for_amd(arch, presample, fused):
-    _run_child("topk", arch, str(int(presample)), str(int(fused)))
+@pytest.mark.parametrize("presample,fused,slices", [(False, False, 1), (True, False, 1), (False, True, 1),
+                                                    (True, False, 4)])
+def test_topk_kernels_compile_for_amd(arch, presample, fused, slices):
+    # slices=4: rows split across programs (the shared list and its atomic counter)
+    _run_child("topk", arch, str(int(presample)), str(int(fused)), str(slices))
 
 
 @pytest.mark.parametrize("arch", sorted(FP8))
@@ -132,6 +135,6 @@ def test_logits_kernels_compile_for_amd(arch):
 if __name__ == "__main__":
     # the child: compile one case, fail loudly
     if sys.argv[1] == "topk":
-        _topk_kernels(sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1")
+        _topk_kernels(sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1", int(sys.argv[5]))
     else:
         _logits_kernels(sys.argv[2])

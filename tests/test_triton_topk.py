@@ -10,6 +10,7 @@ tl = pytest.importorskip("triton.language")
 
 from indexer.backends.topk_torch import row_topk  # noqa: E402
 from indexer.backends.triton import _topk as T  # noqa: E402
+from indexer.synthetic import LOGIT_DISTRIBUTIONS, logits_like  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -178,23 +179,122 @@ def test_nans_rank_above_everything_like_torch_topk():
                                       (dict(prefetch=4), "prefetch"), (dict(prefetch=2.0), "prefetch"),
                                       (dict(prefetch=True), "prefetch"), (dict(sample_slack=-0.5), "sample_slack"),
                                       (dict(sample_slack=float("inf")), "sample_slack"),
-                                      (dict(sample_slack=float("nan")), "sample_slack")])
+                                      (dict(sample_slack=float("nan")), "sample_slack"),
+                                      (dict(slices=3), "slices"), (dict(slices=0), "slices"),
+                                      (dict(slices=128), "slices"), (dict(slices=2.0), "slices"),
+                                      (dict(slices=2, fused=True), "fused"), (dict(sample_max=4), "sample_max"),
+                                      (dict(sample_max=3000), "sample_max")])
 def test_bad_launch_options_are_refused(kw, match):
     logits = torch.zeros(1, 10, device=DEVICE)
     with pytest.raises(ValueError, match=match):
         T.ragged_topk(logits, *_one_row_args(8), **kw)
 
 
-def test_candidate_overflow_falls_back_to_the_plain_select():
-    # a tie group at the threshold larger than the scratch: the row must not lose keys
+def _unseen(n, lo, count):
+    # `count` columns from `lo` on that SMALL_ROAD's sample never reads (its runs: keys 0-7
+    # of every 32, for rows of 32 * 64 keys or fewer)
+    col = torch.arange(n)
+    return col[(col >= lo) & (col % 32 >= 8)][:count]
+
+
+@pytest.mark.parametrize("slices", [1, 4])
+def test_candidate_overflow_falls_back_to_the_plain_select(slices):
+    # 100 large keys where the sample does not look: the threshold lets all of them and more
+    # through, more than the scratch holds; the row must not lose keys (slices: the shared
+    # list's counter overflows instead of a warp's)
+    n, topk = 700, 16
+    g = torch.Generator().manual_seed(8)
+    vals = torch.randn(2, n, generator=g)
+    vals[:, _unseen(n, 100, 100)] = 5.0 + torch.rand(100, generator=g)
+    starts = torch.zeros(2, dtype=torch.int64)
+    lengths = torch.full((2,), n, dtype=torch.int64)
+    stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=64, slices=slices, **SMALL_ROAD)
+    assert stats[T.STAT_PLAIN] == 2, stats
+
+
+@pytest.mark.parametrize("slices", [1, 4])
+def test_a_tie_larger_than_the_scratch_keeps_the_sampled_road(slices):
+    # a tie at the threshold with ten times the scratch's keys (zeros, and 5 larger keys):
+    # the threshold's column cut lets about as many of the tied keys through as distinct
+    # values would, the lowest columns among them, and the select takes the lowest
     n, topk = 700, 16
     vals = torch.zeros(2, n)
     vals[:, 100:105] = 1.0
     vals[0, 650] = 2.0
     starts = torch.zeros(2, dtype=torch.int64)
     lengths = torch.full((2,), n, dtype=torch.int64)
-    stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=64, **SMALL_ROAD)
-    assert stats[T.STAT_PLAIN] == 2, stats
+    # (blocks of 128 keys, 32 a warp: the tied keys that pass span several warps' columns)
+    stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=256, filter_block=128, slices=slices,
+                   **SMALL_ROAD)
+    assert stats[T.STAT_SAMPLED] == 2, stats
+
+
+# sample and scratch sized for rows of 20K keys (runs of 8 keys every 32, at most 128 of
+# them; 2048 candidate slots for topk=200): k spans a few filter blocks, as 2048 does at the
+# default 512-key block (a tie cut by column passes the lowest columns, whose blocks are
+# shared among the warps' lists)
+DIST_ROAD = dict(piece=8, sparse=4, pieces=128, sample_max=1024, cap=2048)
+
+
+@pytest.mark.parametrize("dist", LOGIT_DISTRIBUTIONS)
+@pytest.mark.parametrize("kw", [dict(), dict(presample=True), dict(slices=4), dict(slices=2, dynamic=True)])
+def test_every_distribution_selects_the_torch_set_in_one_filtering_pass(dist, kw):
+    # ties (all equal, few distinct values, flat with outliers, ReLU zeros), ramps both ways,
+    # a raised recent stretch, a sink at key 0: every row selects the torch set (lowest-index
+    # ties) on the sampled road, whole rows and rows split across programs
+    rows, n, topk = 4, 20000, 200
+    logits = logits_like(dist, rows, n, seed=7)
+    starts = torch.tensor([0, 1, 350, 1000])
+    lengths = torch.tensor([n, n - 1, n - 700, 15000])
+    col = torch.arange(n)
+    inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
+    masked = torch.where(inside, logits, float("-inf"))
+    stats = _check(logits.to(DEVICE), masked, starts, lengths, topk, **dict(DIST_ROAD, **kw))
+    assert stats[T.STAT_SAMPLED] == rows, stats
+
+
+@pytest.mark.parametrize("dist", ["equal", "descending", "outliers"])
+def test_ties_and_ramps_keep_the_sampled_road_at_the_default_sample(dist):
+    # the default sample (runs of 16 keys every 512) and scratch on rows of 40K keys
+    rows, n, topk = 2, 40000, 64
+    logits = logits_like(dist, rows, n, seed=3)
+    starts = torch.zeros(rows, dtype=torch.int64)
+    lengths = torch.full((rows,), n, dtype=torch.int64)
+    stats = _check(logits.to(DEVICE), logits, starts, lengths, topk, slices=1)
+    assert stats[T.STAT_SAMPLED] == rows, stats
+
+
+@pytest.mark.parametrize("slices", [2, 4, 8])
+@pytest.mark.parametrize("quantize", [None, 4.0])
+def test_split_rows_select_the_torch_set(slices, quantize):
+    # ragged windows, empty and short rows (slices of no block at all), ties at the k-th key
+    logits, masked, starts, lengths = _case(10, 3000, 24, seed=slices, quantize=quantize, pad=3)
+    stats = _check(logits, masked, starts, lengths, 24, cap=512, slices=slices, **SMALL_ROAD)
+    assert stats[T.STAT_SAMPLED] >= 5, stats
+
+
+def test_split_rows_take_their_threshold_from_the_sample_kernel():
+    # slices > 1 runs the sample kernel whatever presample says, and refuses the fused select
+    assert T.ragged_topk is not None
+    cfg = tuple((key, type(value), value) for key, value in T.DEFAULT_CONFIG.items())
+    args = (torch.device("cpu"), cfg, 64, 100000, None, None, None, None, None, None, None, None, None, None, None,
+            None, None, False, None, T.RADIX_BITS, None, T.PIECE, T.SPARSE, T.SIGMAS, None, 8, T.SAMPLE_SLACK, False)
+    _, _, _, sample_kw, filter_kw, selects = T._plan(*args, 4)
+    assert sample_kw is not None and filter_kw["SL"] == 4 and filter_kw["PRESAMPLE"]
+    assert all(kw["W"] == 1 for _, kw in selects)  # one list a row
+    _, _, _, sample_kw, filter_kw, _ = T._plan(*args, 1)
+    assert sample_kw is None and filter_kw["SL"] == 1
+
+
+def test_auto_slices_split_only_few_long_rows_on_a_gpu():
+    assert T.auto_slices(torch.device("cpu"), 1, 1 << 21, 16) == 1
+    if DEVICE == "cuda":
+        dev = torch.device(DEVICE)
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        assert T.auto_slices(dev, 1, 1 << 21, 16) == T.MAX_SLICES
+        assert T.auto_slices(dev, sms * 8, 1 << 21, 16) == 1
+        assert T.auto_slices(dev, 1, 2 * T.SLICE_MIN, 16) == 2
+        assert T.auto_slices(dev, 1, T.SLICE_MIN, 16) == 1
 
 
 def test_sampled_road_with_odd_blocks():
@@ -259,14 +359,15 @@ def test_rows_of_whole_blocks_and_lists_overflowing_mid_row(prefetch):
     # lengths at and around whole multiples of the filter block: rows no longer than the
     # blocks in flight (every load masked) and rows whose pass runs the unmasked loop (on
     # NVIDIA the PTX step) and then the masked tail; the last two rows' lists overflow inside
-    # the unmasked loop (a tie of 300 keys at the top), keep counting, and take the plain road
+    # the unmasked loop (300 large keys where the sample does not look), keep counting, and
+    # take the plain road
     fb = T.launch_config(torch.device(DEVICE))["filter_block"]
     whole = fb * (prefetch + 1)
     lens = [whole - 1, whole, whole + 1, 5 * fb - 1, 5 * fb, 5 * fb + 1, 5 * fb + 1, 5 * fb]
     n = 5 * fb + 1
     g = torch.Generator().manual_seed(53)
     vals = torch.randn(len(lens), n, generator=g)
-    vals[-2:, fb:fb + 300] = 10.0
+    vals[-2:, _unseen(n, fb, 300)] = 10.0 + torch.rand(300, generator=g)
     starts = torch.zeros(len(lens), dtype=torch.int64)
     lengths = torch.tensor(lens, dtype=torch.int64)
     masked = torch.where(torch.arange(n)[None] < lengths[:, None], vals, float("-inf"))
@@ -470,30 +571,39 @@ def test_presampled_thresholds_take_the_filters_roads(piece):
     assert got == want and want[T.STAT_SAMPLED] >= 8, (got, want)
 
 
-def test_sample_kernel_tile_holds_the_filters_sample():
-    # the sample kernel's smaller PIECE (_sample_run) against the filter's, n not a power of
-    # two, rows of every length up to n
-    n, pieces, piece, sparse = 1000, 16, 64, 4
-    run = T._sample_run(n, pieces, piece, sparse)
-    assert run < piece
+@pytest.mark.parametrize("slices", [1, 2])
+def test_sample_kernel_tile_holds_the_filters_sample(slices):
+    # the sample kernel's tile sized for the longest row (_sample_runs) against one four
+    # times larger, n not a power of two, rows of every length up to n: the same thresholds
+    # and column cuts (tied rows among them)
+    n, piece, sparse = 1000, 8, 4
+    runs = T._sample_runs(n, piece, sparse, 1 << 12)
+    assert runs * piece * sparse >= n and runs < (1 << 12) // piece
     lens = torch.arange(1, n + 1, 7, dtype=torch.int64)
-    logits = torch.randn(len(lens), n, device=DEVICE)
+    logits = torch.randn(len(lens), n)
+    logits[::3] = (logits[::3] * 2).round()  # few distinct values: ties at the threshold
+    logits = logits.to(DEVICE)
     starts = ((n - lens) // 2).to(DEVICE)
-    thr = []
-    for p in (piece, run):
+    got = []
+    for np_ in (runs, 4 * runs):
         t = torch.zeros(len(lens), dtype=torch.int32, device=DEVICE)
+        tcol = torch.zeros(len(lens), dtype=torch.int32, device=DEVICE)
         # the counters it zeroes for the later launches, garbage before (ctl[3:] is the
-        # queue, written before it is read, and must be left alone)
+        # queue, written before it is read, and must be left alone; cnt only for split rows)
+        cnt = torch.full((len(lens),), 9, dtype=torch.int32, device=DEVICE)
         wpos = torch.full((len(lens),), 77, dtype=torch.int32, device=DEVICE)
         ctl = torch.full((6,), -5, dtype=torch.int32, device=DEVICE)
-        T._sample_kernel[(len(lens),)](logits, starts, lens.to(DEVICE), t, wpos, ctl, logits.stride(0), 0, K=8,
-                                       NP=pieces, PIECE=p, SPARSE=sparse, SIGMAS=4.0, SLACK=1 / 32, LOW_BIT=8,
-                                       DIRECT=8, num_warps=1)
-        thr.append(t)
+        T._sample_kernel[(len(lens),)](logits, starts, lens.to(DEVICE), t, tcol, cnt, wpos, ctl, logits.stride(0), 0,
+                                       K=8, NP=np_, PIECE=piece, SPARSE=sparse, SIGMAS=4.0, SLACK=1 / 32, LOW_BIT=8,
+                                       DIRECT=8, SL=slices, num_warps=1)
+        got.append((t, tcol))
         assert not wpos.any()
+        assert (cnt == (0 if slices > 1 else 9)).all()
         assert ctl.tolist() == [0, 0, 0, -5, -5, -5]
-    assert torch.equal(thr[0], thr[1])
-    assert (thr[0][lens.to(DEVICE) > 8] != 0).any()  # thresholds were written
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+    sampled = lens.to(DEVICE) > 8
+    assert (got[0][0][sampled] != 0).any()  # thresholds were written
+    assert (got[0][1][sampled] != 2**31 - 1).any()  # and some rows' cuts
 
 
 def test_a_configs_filter_register_cap_applies_to_the_streaming_filter_only(monkeypatch):

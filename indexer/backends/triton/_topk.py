@@ -58,12 +58,14 @@ except Exception:  # noqa: BLE001 - reported by _kernels.is_available
     triton = None
     tl = None
 
-#: Shape of the sampled road (see the module docstring): ``PIECES`` runs of at most ``PIECE``
-#: keys, one key in ``SPARSE`` sampled, the sample's threshold ``SIGMAS`` standard deviations
-#: deep. The sample sits in registers during its search (in the filter kernel, or with
-#: ``presample`` in a kernel of its own and in the filter only for a retry); there it sets
-#: the filter kernel's register count (4096 keys at 8 warps: 48 registers, Triton 3.6 sm_90a).
-PIECES, PIECE, SPARSE, SIGMAS = 16, 256, 32, 4.0
+#: Shape of the sampled road (see the module docstring): runs of ``PIECE`` keys (64 bytes, a
+#: few sectors), one run every ``SPARSE * PIECE`` keys, so one key in ``SPARSE`` sampled; at
+#: most ``PIECES`` runs in the filter kernel's own sample (it sits in registers during its
+#: search, and there sets the register count) and ``SAMPLE_MAX`` keys in the sample
+#: kernel's, which runs before the filter and so may hold more: long rows keep one key in
+#: ``SPARSE`` up to 512K keys. The threshold is ``SIGMAS`` standard deviations deep.
+PIECES, PIECE, SPARSE, SIGMAS = 256, 16, 32, 4.0
+SAMPLE_MAX = 16384
 #: The sample threshold's search may end this fraction above its rank (``sample_slack``).
 SAMPLE_SLACK = 1 / 32
 #: Candidate slots per row (``max(CAP, 4 * topk)``, a power of two): ``8 * cap`` bytes.
@@ -77,22 +79,32 @@ SEARCH_BISECT_AFTER, SEARCH_SPAN = 16, 1 << 24
 #: other's counting (H200, 256K keys, 1609 queued rows of 8192: 164 -> 110 us; four: the
 #: same as two; stop 18's probe32, docs/benchmarks.md).
 SECOND_PROGRAMS_PER_SM = 2
+#: Split rows (``slices``): at most this many programs a row, each filtering at least
+#: ``SLICE_MIN`` keys of it.
+MAX_SLICES, SLICE_MIN = 64, 16384
 #: Counters of :func:`ragged_topk`'s ``stats``: rows listed whole (at most k keys), rows
 #: selected from sampled candidates, rows that took the plain radix select, rows selected
 #: on the row itself (longer than k, within the select tile).
 STAT_SHORT, STAT_SAMPLED, STAT_PLAIN, STAT_DIRECT = 0, 1, 2, 3
 
-def _ballot_ranks_ptx(first: int, threshold: int | None = None) -> str:
+def _ballot_ranks_ptx(first: int, threshold: int | None = None, cols: int | None = None) -> str:
     """PTX shared by the ballot helpers: from the four flags ``$first .. $first + 3`` (nonzero:
     selected; four registers of each lane), ``q0``-``q3`` each selected element's rank among
     its warp's (lower lanes first, register by register) and ``t`` the warp's count. Declares
     ``q0``-``q3``, ``t`` and the predicates ``p0``-``p3`` (selected) for the code after it.
     With ``threshold``, the four operands from ``$first`` are float32 keys instead, selected
-    where not below ``$threshold`` (``~(v < t)``: NaNs too, as the Triton compare)."""
+    where not below ``$threshold`` (``~(v < t)``: NaNs too, as the Triton compare). With
+    ``cols`` too, a key equal to the threshold is selected only where its column (``$cols
+    ..``) is at most ``$(threshold + 8)`` (the column cut of a tied threshold)."""
     if threshold is None:
         sets = "".join(f"setp.ne.s32 p{j}, ${first + j}, 0;\n" for j in range(4))
     else:
         sets = "".join(f"setp.geu.f32 p{j}, ${first + j}, ${threshold};\n" for j in range(4))
+    if cols is not None:
+        # g: equal to the threshold and past its column cut
+        sets += ".reg .pred g0, g1, g2, g3;\n" + "".join(
+            f"setp.gt.s32 g{j}, ${cols + j}, ${threshold + 8};\nsetp.eq.and.f32 g{j}, ${first + j}, ${threshold}, "
+            f"g{j};\nnot.pred g{j}, g{j};\nand.pred p{j}, p{j}, g{j};\n" for j in range(4))
     votes = "".join(f"vote.sync.ballot.b32 b{j}, p{j}, 0xffffffff;\n" for j in range(4))
     ranks = "".join(f"and.b32 q{j}, b{j}, lt;\npopc.b32 q{j}, q{j};\n" for j in range(4))
     counts = "".join(f"popc.b32 b{j}, b{j};\n" for j in range(4))
@@ -115,25 +127,49 @@ _WARP_STORE_PTX = ("{\n" + _ballot_ranks_ptx(4)
                    + "".join(f"add.u32 q{j}, q{j}, base;\nmul.wide.u32 a, q{j}, 4;\nadd.s64 a, a, $16;\n"
                              f"@p{j} st.global.b32 [a], ${8 + j};\n" for j in range(4))
                    + "".join(f"mov.u32 ${j}, 0;\n" for j in range(4)) + "}\n")
-#: :func:`_warp_append`'s PTX: keys ``$4``-``$7`` not below ``$20`` go, with their columns
-#: ``$8``-``$11``, to the warp's list ``$16`` at ``$12`` (its length) plus their rank, while
-#: below ``$24`` (its room); the new length to ``$0``-``$3``. The outputs are written last:
-#: the compiler may give an output an input's register (``$1`` was ``$12``'s, so the first
-#: version, writing them one by one from ``$12``, stored every list's length wrong).
-_WARP_APPEND_PTX = ("{\n" + _ballot_ranks_ptx(4, threshold=20)
-                    + ".reg .pred s;\n.reg .b64 a;\n"
-                    + "".join(f"add.s32 q{j}, q{j}, $12;\nsetp.lt.and.s32 s, q{j}, $24, p{j};\n"
-                              f"mad.wide.s32 a, q{j}, 8, $16;\n@s st.global.v2.b32 [a], {{${4 + j}, ${8 + j}}};\n"
-                              for j in range(4))
-                    # (last, after every read of an input: an output may share an input's register)
-                    + "add.s32 t, t, $12;\n" + "".join(f"mov.u32 ${j}, t;\n" for j in range(4)) + "}\n")
+
+
+def _warp_append_ptx(cut: bool) -> str:
+    """:func:`_warp_append`'s PTX: keys ``$4``-``$7`` not below ``$20`` (and, with ``cut``,
+    not equal to it past the column cut ``$28``) go, with their columns ``$8``-``$11``, to
+    the warp's list ``$16`` at ``$12`` (its length) plus their rank, while below ``$24`` (its
+    room); the new length to ``$0``-``$3``. The outputs are written last: the compiler may
+    give an output an input's register (``$1`` was ``$12``'s, so a version writing them one
+    by one from ``$12`` stored every list's length wrong)."""
+    return ("{\n" + _ballot_ranks_ptx(4, threshold=20, cols=8 if cut else None)
+            + ".reg .pred s;\n.reg .b64 a;\n"
+            + "".join(f"add.s32 q{j}, q{j}, $12;\nsetp.lt.and.s32 s, q{j}, $24, p{j};\n"
+                      f"mad.wide.s32 a, q{j}, 8, $16;\n@s st.global.v2.b32 [a], {{${4 + j}, ${8 + j}}};\n"
+                      for j in range(4))
+            # (last, after every read of an input: an output may share an input's register)
+            + "add.s32 t, t, $12;\n" + "".join(f"mov.u32 ${j}, t;\n" for j in range(4)) + "}\n")
+
+
+def _shared_append_ptx(cut: bool) -> str:
+    """:func:`_shared_append`'s PTX: the selected keys of ``$4``-``$7`` (as
+    :func:`_warp_append_ptx`), with their columns ``$8``-``$11``, go to the row's one list
+    ``$16`` at slots taken from its counter ``[$12]`` by one atomic add a warp (lane 0's,
+    shuffled to the others), while below ``$24``; the counter counts on past the room. The
+    outputs are placeholders."""
+    return ("{\n" + _ballot_ranks_ptx(4, threshold=20, cols=8 if cut else None)
+            + ".reg .pred pl, s;\n.reg .b32 base, lane;\n.reg .b64 a;\n"
+            "mov.u32 lane, %laneid;\nsetp.eq.u32 pl, lane, 0;\nsetp.ne.and.u32 pl, t, 0, pl;\n"
+            "mov.u32 base, 0;\n@pl atom.global.add.u32 base, [$12], t;\n"
+            "shfl.sync.idx.b32 base, base, 0, 0x1f, 0xffffffff;\n"
+            + "".join(f"add.s32 q{j}, q{j}, base;\nsetp.lt.and.s32 s, q{j}, $24, p{j};\n"
+                      f"mad.wide.s32 a, q{j}, 8, $16;\n@s st.global.v2.b32 [a], {{${4 + j}, ${8 + j}}};\n"
+                      for j in range(4))
+            + "".join(f"mov.u32 ${j}, 0;\n" for j in range(4)) + "}\n")
 
 
 if triton is not None:
     # (a jit function reads module globals only as constexprs)
     _WARP_RANKS_ASM = tl.constexpr(_WARP_RANKS_PTX)
     _WARP_STORE_ASM = tl.constexpr(_WARP_STORE_PTX)
-    _WARP_APPEND_ASM = tl.constexpr(_WARP_APPEND_PTX)
+    _WARP_APPEND_ASM = tl.constexpr(_warp_append_ptx(False))
+    _WARP_APPEND_CUT_ASM = tl.constexpr(_warp_append_ptx(True))
+    _SHARED_APPEND_ASM = tl.constexpr(_shared_append_ptx(False))
+    _SHARED_APPEND_CUT_ASM = tl.constexpr(_shared_append_ptx(True))
     _BISECT_AFTER = tl.constexpr(SEARCH_BISECT_AFTER)
     _SPAN = tl.constexpr(SEARCH_SPAN)
 
@@ -200,20 +236,42 @@ if triton is not None:
         )
 
     @triton.jit
-    def _warp_append(v, c, t, length, lists, room):
-        """The filtering pass's step on NVIDIA (inline PTX): each key of ``v`` (float32,
-        columns ``c``) not below ``t`` goes to its warp's list at ``lists`` (int64 slots:
-        value bits low, column high), after the ``length`` (each element: its warp's list
-        length) already there, while the slot is below ``room``; returns the new length.
-        The compare, ranks, 8-byte store and count are one block of PTX: Triton's code for
-        the same unmasked step took 9 (4 warps) to 13 (8 warps) more SASS instructions a
-        block under a 32-register cap (64-bit packing and addressing) and, at 8 warps,
-        spilled in the loop (Triton 3.6, sm_90a). Four elements a thread (one rank a
-        register, as :func:`_warp_ranks`)."""
+    def _warp_append(v, c, t, tcol, length, lists, room, CUT: tl.constexpr):
+        """The filtering pass's step on NVIDIA (inline PTX): each key of ``v`` (float32 bits,
+        columns ``c``) not below ``t`` (and, with ``CUT``, not equal to it at a column past
+        ``tcol``) goes to its warp's list at ``lists`` (int64 slots: value bits low, column
+        high), after the ``length`` (each element: its warp's list length) already there,
+        while the slot is below ``room``; returns the new length. The compare, ranks, 8-byte
+        store and count are one block of PTX: Triton's code for the same unmasked step took
+        9 (4 warps) to 13 (8 warps) more SASS instructions a block under a 32-register cap
+        (64-bit packing and addressing) and, at 8 warps, spilled in the loop (Triton 3.6,
+        sm_90a). Four elements a thread (one rank a register, as :func:`_warp_ranks`)."""
+        if CUT:
+            asm = _WARP_APPEND_CUT_ASM
+        else:
+            asm = _WARP_APPEND_ASM
         return tl.inline_asm_elementwise(
-            _WARP_APPEND_ASM,
-            "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r",
-            [v, c, length, lists, t, room],
+            asm,
+            "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
+            [v, c, length, lists, t, room, tcol],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=4,
+        )
+
+    @triton.jit
+    def _shared_append(v, c, t, tcol, ctr, lists, room, CUT: tl.constexpr):
+        """:func:`_warp_append` into one list a row shared by several programs (a long row
+        split into slices): slots from the row's counter ``ctr`` (one atomic add a warp with
+        keys to place), in no particular order. NVIDIA only (inline PTX)."""
+        if CUT:
+            asm = _SHARED_APPEND_CUT_ASM
+        else:
+            asm = _SHARED_APPEND_ASM
+        return tl.inline_asm_elementwise(
+            asm,
+            "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
+            [v, c, ctr, lists, t, room, tcol],
             dtype=tl.int32,
             is_pure=False,
             pack=4,
@@ -330,6 +388,38 @@ if triton is not None:
         return tl.minimum(_search(skeys, rank, -2147483648, 2147483647, stop, LOW_BIT), 0x7F800000)
 
     @triton.jit
+    def _sample_cut(skeys, scols, rank, length, spread, SLACK: tl.constexpr, LOW_BIT: tl.constexpr):
+        """The filter's threshold from a sample: ``(t, tcol)``, a key and a column, as the
+        composite key ``(value, -column)`` of the ``rank``-th largest sampled key, so that
+        the filter keeps the keys above ``t`` and the keys equal to it at columns up to
+        ``tcol``. Where the sample's keys are distinct near that rank, ``t`` is
+        :func:`_sample_threshold`'s and ``tcol`` is ``2**31 - 1`` (every column). Where many
+        sampled keys equal the ``rank``-th largest (ties: equal values, a flat row, zeros),
+        ``t`` is that key exactly and ``tcol`` the last column before the sample's next run
+        after its ``need``-th lowest tied key (``need``: the rank left after the keys above
+        ``t``): the sample's runs are spread over the row, one every ``spread`` columns, so
+        at least as many of the row's keys pass as for distinct values (a run's keys are
+        adjacent: without the rounding a tie dense in the row passed up to a run's spacing
+        fewer), and since ties go to the lowest columns the ``k`` selected stay among them.
+        ``scols``: the sampled keys' columns (int32, row-relative)."""
+        stop = rank + (rank.to(tl.float32) * SLACK).to(tl.int32)
+        x = _search(skeys, rank, -2147483648, 2147483647, stop, LOW_BIT)
+        tcol = tl.full((), 2147483647, tl.int32)
+        if tl.sum((skeys >= x).to(tl.int32), axis=0) > stop:
+            # the search ran out of bits: the rank-th key exactly (it lies in x's last
+            # LOW_BIT bits), then whether the sample ties there
+            x = _search(skeys, rank, x, x | ((1 << LOW_BIT) - 1), rank, 0)
+            if tl.sum((skeys >= x).to(tl.int32), axis=0) > rank:
+                need = rank - tl.sum((skeys > x).to(tl.int32), axis=0)
+                tcol = -_search(tl.where(skeys == x, -scols - 1, -2147483648), need, -length, -1, need, 0) - 1
+                tcol = (tcol // spread + 1) * spread - 1
+        if x > 0x7F800000:
+            # among the NaNs' keys: +inf's, every column (see _sample_threshold)
+            x = tl.full((), 0x7F800000, tl.int32)
+            tcol = tl.full((), 2147483647, tl.int32)
+        return x, tcol
+
+    @triton.jit
     def _pack(col, v):
         # a candidate as one int64: the value's bits in the low word, its column in the high
         return (col.to(tl.int64) << 32) | (v.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
@@ -425,81 +515,125 @@ if triton is not None:
             return a1, a2, a3, new
 
     @triton.jit
-    def _filter_block(v, c, length, tf, lists, acc, WCAP: tl.constexpr, BALLOT: tl.constexpr,
-                      MASKED: tl.constexpr):
+    def _filter_block(v, c, hi, tf, t, tcol, lists, acc, ctr, WCAP: tl.constexpr, BALLOT: tl.constexpr,
+                      MASKED: tl.constexpr, SHARED: tl.constexpr, CUT: tl.constexpr):
         """One block of a filtering pass: its keys ``v`` (columns ``c``) at or above ``tf``
-        appended to their warp's list (``lists``: each element's list start) after the
-        ``acc`` already there; returns the new ``acc``. ``BALLOT``: 1-D block, ``acc`` each
-        element's warp's list length; else ``[W, BW]`` block, ``acc`` the ``[W]`` lengths.
-        Without ``MASKED`` every column is inside the row."""
+        (the float of key ``t``; with ``CUT``, those equal to it only at columns up to
+        ``tcol``) appended to their list after the ``acc`` already there; returns the new
+        ``acc``. ``BALLOT``: 1-D block, ``acc`` each element's warp's list length; else
+        ``[W, BW]`` block, ``acc`` the ``[W]`` lengths. ``SHARED``: one list a row at
+        ``lists`` for every program of the row, slots from the counter ``ctr`` (``acc``
+        unused). Without ``MASKED`` every column is below ``hi``."""
         if BALLOT and not MASKED:
             # (floats travel as their bits: the PTX compares them as f32)
-            return _warp_append(v.to(tl.int32, bitcast=True), c, (tf + tl.zeros(v.shape, tl.float32)).to(
-                tl.int32, bitcast=True), acc, lists, tl.full(v.shape, WCAP, tl.int32))
+            vb = v.to(tl.int32, bitcast=True)
+            tb = (tf + tl.zeros(v.shape, tl.float32)).to(tl.int32, bitcast=True)
+            tc = tcol + tl.zeros(v.shape, tl.int32)
+            room = tl.full(v.shape, WCAP, tl.int32)
+            if SHARED:
+                _shared_append(vb, c, tb, tc, ctr + tl.zeros(v.shape, tl.int32), lists, room, CUT)
+                return acc
+            else:
+                return _warp_append(vb, c, tb, tc, acc, lists, room, CUT)
         sel = ~(v < tf)
+        if CUT:
+            sel = sel & ~((v == tf) & (c > tcol))
         if MASKED:
-            sel = sel & (c < length)
-        if BALLOT:
-            rank, tot = _warp_ranks(sel.to(tl.int32))
+            sel = sel & (c < hi)
+        s32 = sel.to(tl.int32)
+        if SHARED:
+            # slots in the row's list: one atomic add a block, positions by a scan
+            if BALLOT:
+                pos = tl.cumsum(s32, axis=0) - 1
+                tot = tl.sum(s32, axis=0)
+            else:
+                rs = tl.sum(s32, axis=1)
+                pos = (tl.cumsum(rs, axis=0) - rs)[:, None] + tl.cumsum(s32, axis=1) - 1
+                tot = tl.sum(rs, axis=0)
+            pos += tl.atomic_add(ctr, tot)
+        elif BALLOT:
+            rank, cnt = _warp_ranks(s32)
             pos = acc + rank
-            acc += tot
+            acc += cnt
         else:
-            s32 = sel.to(tl.int32)
             pos = acc[:, None] + tl.cumsum(s32, axis=1) - 1
             acc += tl.sum(s32, axis=1)
         tl.store(lists + pos, _pack(c, v), mask=sel & (pos < WCAP))
         return acc
 
     @triton.jit
-    def _filter_pass(base, length, cand, cnt_row, t, W: tl.constexpr, BW: tl.constexpr, WCAP: tl.constexpr,
-                     BALLOT: tl.constexpr, DEPTH: tl.constexpr):
-        """One pass over a row: every key ``>= t`` into its warp's list (``cand + w * WCAP``,
-        value bits in the low word, column in the high one), the list lengths to
-        ``cnt_row[0:W]`` (counting on past ``WCAP``: then the list overflowed); returns
-        their sum. ``DEPTH`` blocks of ``W * BW`` keys are in flight (1-3): each SM needs
-        enough bytes on their way to cover the memory latency. The blocks whose loads all
-        fall inside the row go unmasked (no bound checks or fill values: fewer instructions
-        and registers a block); the last few take the masked loop."""
+    def _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, W: tl.constexpr, BW: tl.constexpr, WCAP: tl.constexpr,
+                     BALLOT: tl.constexpr, DEPTH: tl.constexpr, SHARED: tl.constexpr, CUT: tl.constexpr):
+        """One pass over the columns ``[lo, hi)`` of a row: every key at or above the
+        threshold ``(t, tcol)`` (:func:`_sample_cut`; ``tcol`` read only with ``CUT``) into a
+        list, value bits in the low word, column in the high one. Per-warp lists (``cand + w
+        * WCAP``, lengths to ``cnt_row[0:W]``, counting on past ``WCAP``: then the list
+        overflowed; returns their sum) or, ``SHARED``, the row's one list at ``cand`` with
+        its counter ``cnt_row`` (returns 0). ``DEPTH`` blocks of ``W * BW`` keys are in
+        flight (1-3): each SM needs enough bytes on their way to cover the memory latency.
+        The blocks whose loads all fall inside the range go unmasked (no bound checks or
+        fill values: fewer instructions and registers a block); the last few take the
+        masked loop."""
         STEP: tl.constexpr = W * BW
         tf = _key_float(t)
         wr = tl.arange(0, W)
         if BALLOT:
             off = tl.arange(0, STEP)
             acc = tl.zeros((STEP,), tl.int32)  # each element: its warp's list length
-            wid = _warp_id(off)
-            lists = cand + wid * WCAP
+            if SHARED:
+                wid = off
+                lists = cand + tl.zeros((STEP,), tl.int32)
+            else:
+                wid = _warp_id(off)
+                lists = cand + wid * WCAP
         else:
             off = wr[:, None] * BW + tl.arange(0, BW)[None, :]
             acc = tl.zeros((W,), tl.int32)
-            lists = cand + wr[:, None] * WCAP
-        ahead, ahead2, ahead3 = _prime_ahead(base, off, length, STEP, DEPTH)
+            wid = wr
+            if SHARED:
+                lists = cand
+            else:
+                lists = cand + wr[:, None] * WCAP
+        ahead, ahead2, ahead3 = _prime_ahead(base, lo + off, hi, STEP, DEPTH)
         # blocks before `unmasked_end` are whole and so are those DEPTH past them
-        unmasked_end = (length // STEP - DEPTH) * STEP
-        for c0 in range(0, unmasked_end, STEP):
+        unmasked_end = lo + ((hi - lo) // STEP - DEPTH) * STEP
+        for c0 in range(lo, unmasked_end, STEP):
             c = c0 + off
             # the next blocks' loads go out before this block's stores
-            v, ahead, ahead2, ahead3 = _shift_ahead(base, c, length, ahead, ahead2, ahead3, STEP, DEPTH, False)
-            acc = _filter_block(v, c, length, tf, lists, acc, WCAP, BALLOT, False)
-        for c0 in range(tl.maximum(unmasked_end, 0), length, STEP):
+            v, ahead, ahead2, ahead3 = _shift_ahead(base, c, hi, ahead, ahead2, ahead3, STEP, DEPTH, False)
+            acc = _filter_block(v, c, hi, tf, t, tcol, lists, acc, cnt_row, WCAP, BALLOT, False, SHARED, CUT)
+        for c0 in range(tl.maximum(unmasked_end, lo), hi, STEP):
             c = c0 + off
-            v, ahead, ahead2, ahead3 = _shift_ahead(base, c, length, ahead, ahead2, ahead3, STEP, DEPTH, True)
-            acc = _filter_block(v, c, length, tf, lists, acc, WCAP, BALLOT, True)
-        if BALLOT:
+            v, ahead, ahead2, ahead3 = _shift_ahead(base, c, hi, ahead, ahead2, ahead3, STEP, DEPTH, True)
+            acc = _filter_block(v, c, hi, tf, t, tcol, lists, acc, cnt_row, WCAP, BALLOT, True, SHARED, CUT)
+        total = tl.full((), 0, tl.int32)
+        if not SHARED:
             tl.store(cnt_row + wid, acc)  # all of a warp's elements agree
+            # the counts were written by other threads of this program
+            tl.debug_barrier()
+            total = tl.sum(tl.load(cnt_row + wr), axis=0)
+        return total
+
+    @triton.jit
+    def _filter_range(base, lo, hi, cand, cnt_row, t, tcol, W: tl.constexpr, BW: tl.constexpr, WCAP: tl.constexpr,
+                      BALLOT: tl.constexpr, DEPTH: tl.constexpr, SHARED: tl.constexpr):
+        # the column cut costs instructions a key: only rows whose threshold has one pay them
+        if tcol == 2147483647:
+            total = _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, W, BW, WCAP, BALLOT, DEPTH, SHARED, False)
         else:
-            tl.store(cnt_row + wr, acc)
-        # the counts were written by other threads of this program
-        tl.debug_barrier()
-        return tl.sum(tl.load(cnt_row + wr), axis=0)
+            total = _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, W, BW, WCAP, BALLOT, DEPTH, SHARED, True)
+        return total
 
     @triton.jit
     def _filter_kernel(
-        logits_ptr, starts_ptr, lengths_ptr, cand_ptr, cand32_ptr, cnt_ptr, thr_ptr, out_ptr, ctl_ptr, wpos_ptr,
-        stats_ptr, rows, stride_lm, stride_om, sample_min,
+        logits_ptr, starts_ptr, lengths_ptr, cand_ptr, cand32_ptr, cnt_ptr, thr_ptr, tcol_ptr, out_ptr, ctl_ptr,
+        wpos_ptr, stats_ptr, rows, stride_lm, stride_om, sample_min,
         K: tl.constexpr,
         W: tl.constexpr,
         BW: tl.constexpr,
         WCAP: tl.constexpr,
+        CAP: tl.constexpr,
+        SL: tl.constexpr,
         NP: tl.constexpr,
         PIECE: tl.constexpr,
         SPARSE: tl.constexpr,
@@ -521,46 +655,66 @@ if triton is not None:
         PRESAMPLE: tl.constexpr,
         WB: tl.constexpr,
     ):
-        """Rows longer than ``DIRECT`` (and at least ``sample_min``): threshold ``thr[row]``
-        and the keys at or above it in ``W`` lists of ``WCAP`` slots (value bits in the low
-        word, column in the high one), ``cnt[row, w]`` keys in list ``w`` (it counts on past
-        ``WCAP``: then the list overflowed). ``FUSED``: the same program then selects the
-        row's top k (:func:`_select_row`, first launch), so that one program's counting
-        steps overlap the other programs' streaming on the SM. ``DYNAMIC``: a program takes
-        its next row from the counter ``ctl[0]`` (zeroed by the caller), so programs
-        that run end together and programs the SM could not hold at once find no row left;
-        otherwise rows ``pid, pid + nprog, ...``. ``PRESAMPLE``: the first threshold comes
-        from :func:`_sample_kernel` (``thr[row]``), so that no program stops streaming for a
-        sample's search; the rare retry still searches here."""
+        """Rows longer than ``DIRECT`` (and at least ``sample_min``): the threshold
+        ``(thr[row], tcol[row])`` (:func:`_sample_cut`) and the keys at or above it in lists
+        of ``WCAP`` slots (value bits in the low word, column in the high one) within the
+        row's ``CAP``. With ``SL == 1`` a program filters a whole row into ``W`` lists, one a
+        warp, ``cnt[row, w]`` keys in list ``w`` (it counts on past ``WCAP``: then the list
+        overflowed). With ``SL > 1`` a row is ``SL`` slices of whole blocks, each a program's
+        (so that a few long rows still keep every SM streaming), all appending to the row's
+        one list by the counter ``cnt[row]`` (zeroed by the sample kernel); the thresholds
+        then come from the sample kernel and there is no retry here. ``FUSED`` (``SL == 1``):
+        the same program then selects the row's top k (:func:`_select_row`, first launch),
+        so that one program's counting steps overlap the other programs' streaming on the
+        SM. ``DYNAMIC``: a program takes its next row (or slice) from the counter ``ctl[0]``
+        (zeroed by the caller), so programs that run end together and programs the SM could
+        not hold at once find no work left; otherwise ``pid, pid + nprog, ...``.
+        ``PRESAMPLE``: the first threshold comes from :func:`_sample_kernel`, so that no
+        program stops streaming for a sample's search; the rare retry still searches here."""
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
-        CAP: tl.constexpr = W * WCAP
+        STEP: tl.constexpr = W * BW
         si = tl.arange(0, NP * PIECE)
         pp = si // PIECE
         pj = si % PIECE
+        units = rows * SL
         if DYNAMIC:
-            row32 = tl.atomic_add(ctl_ptr, 1)
+            unit = tl.atomic_add(ctl_ptr, 1)
         else:
-            row32 = pid
-        while row32 < rows:
+            unit = pid
+        while unit < units:
+            row32 = unit // SL
             row = row32 + tl.zeros((), tl.int64)  # 64-bit offsets (an int under the interpreter)
             length = tl.load(lengths_ptr + row).to(tl.int32)
             if _sampled_row(length, sample_min, DIRECT):
                 base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
                 cand = cand_ptr + row * CAP
-                sidx, smask, s = _row_sample(length, pp, pj, NP, PIECE, SPARSE)
-                r = _sample_rank(K, s, length, SIGMAS)
-                if PRESAMPLE:
-                    t = tl.load(thr_ptr + row)
+                if SL == 1:
+                    sidx, smask, s, spread = _row_sample(length, pp, pj, NP, PIECE, SPARSE)
+                    r = _sample_rank(K, s, length, SIGMAS)
+                    if PRESAMPLE:
+                        t = tl.load(thr_ptr + row)
+                        tc = tl.load(tcol_ptr + row)
+                    else:
+                        t, tc = _sample_cut(_sample_keys(base, sidx, smask), sidx, r, length, spread, SLACK, LOW_BIT)
+                    total = _filter_range(base, 0, length, cand, cnt_ptr + row * W, t, tc, W, BW, WCAP, BALLOT,
+                                          DEPTH, False)
+                    if total < K:
+                        # too few keys passed (rare): once more, twice as deep into the sample
+                        # (read again, so that it is not held in registers through the pass)
+                        t, tc = _sample_cut(_sample_keys(base, sidx, smask), sidx, tl.minimum(2 * r, s), length,
+                                            spread, SLACK, LOW_BIT)
+                        total = _filter_range(base, 0, length, cand, cnt_ptr + row * W, t, tc, W, BW, WCAP, BALLOT,
+                                              DEPTH, False)
+                    tl.store(thr_ptr + row, t)
                 else:
-                    t = _sample_threshold(_sample_keys(base, sidx, smask), r, SLACK, LOW_BIT)
-                total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT, DEPTH)
-                if total < K:
-                    # too few keys passed (rare): once more, twice as deep into the sample
-                    # (read again, so that it is not held in registers through the pass)
-                    t = _sample_threshold(_sample_keys(base, sidx, smask), tl.minimum(2 * r, s), SLACK, LOW_BIT)
-                    total = _filter_pass(base, length, cand, cnt_ptr + row * W, t, W, BW, WCAP, BALLOT, DEPTH)
-                tl.store(thr_ptr + row, t)
+                    # slices of whole blocks, so that only a row's last block is masked
+                    per = (length + SL * STEP - 1) // (SL * STEP) * STEP
+                    lo = (unit % SL) * per
+                    hi = tl.minimum(lo + per, length)
+                    if lo < hi:
+                        _filter_range(base, lo, hi, cand, cnt_ptr + row, tl.load(thr_ptr + row),
+                                      tl.load(tcol_ptr + row), W, BW, WCAP, BALLOT, DEPTH, True)
             if FUSED:
                 # one thread stored the threshold; every thread of the select reads it
                 tl.debug_barrier()
@@ -571,9 +725,9 @@ if triton is not None:
                 # scratch for reductions is shared: keep the rows apart
                 tl.debug_barrier()
             if DYNAMIC:
-                row32 = tl.atomic_add(ctl_ptr, 1)
+                unit = tl.atomic_add(ctl_ptr, 1)
             else:
-                row32 += nprog
+                unit += nprog
 
     @triton.jit
     def _sampled_row(length, sample_min, DIRECT: tl.constexpr):
@@ -583,16 +737,20 @@ if triton is not None:
 
     @triton.jit
     def _row_sample(length, pp, pj, NP: tl.constexpr, PIECE: tl.constexpr, SPARSE: tl.constexpr):
-        """A row's sample: ``NP`` runs (run ``pp``, key ``pj`` of it) spread evenly over its
-        ``length`` keys, the recent end no denser than the rest, each of ``length / NP /
-        SPARSE`` keys (1 to ``PIECE``). Returns the sampled columns, their mask and count."""
-        spread = length // NP
-        plen = tl.minimum(tl.maximum(spread // SPARSE, 1), PIECE)
-        return pp * spread + pj, pj < plen, NP * plen
+        """A row's sample: runs of ``PIECE`` keys (run ``pp``, key ``pj`` of it), one every
+        ``SPARSE * PIECE`` keys and at most ``NP`` of them, spread evenly over its ``length``
+        keys (the recent end no denser than the rest). Runs of a few sectors read little
+        more than the keys they sample, and many runs leave no stretch of the row unseen (a
+        ramp, a run of recent keys scoring high). Returns the sampled columns, their mask
+        and count, and the spacing of the runs."""
+        runs = tl.minimum(tl.maximum(length // (SPARSE * PIECE), 1), NP)
+        spread = length // runs
+        plen = tl.minimum(spread, PIECE)
+        return pp * spread + pj, (pp < runs) & (pj < plen), runs * plen, spread
 
     @triton.jit
     def _sample_kernel(
-        logits_ptr, starts_ptr, lengths_ptr, thr_ptr, wpos_ptr, ctl_ptr, stride_lm, sample_min,
+        logits_ptr, starts_ptr, lengths_ptr, thr_ptr, tcol_ptr, cnt_ptr, wpos_ptr, ctl_ptr, stride_lm, sample_min,
         K: tl.constexpr,
         NP: tl.constexpr,
         PIECE: tl.constexpr,
@@ -601,15 +759,20 @@ if triton is not None:
         SLACK: tl.constexpr,
         LOW_BIT: tl.constexpr,
         DIRECT: tl.constexpr,
+        SL: tl.constexpr,
     ):
-        """The filter kernel's threshold ``thr[row]`` of row ``program_id`` (if it filters the
-        row), at its sample's rank (:func:`_sample_rank`). ``PIECE``: the filter's, or a
-        power of two no smaller than any row's run (``n / NP / SPARSE`` for rows of at most
-        ``n`` keys, :func:`_sample_run`): the same sample, a smaller tile. It also zeroes the
-        counters the later launches start from, the row's write counter ``wpos[row]`` and
-        (program 0) ``ctl[0:3]``, so that the call needs no fill launch before it."""
+        """The filter kernel's threshold ``(thr[row], tcol[row])`` of row ``program_id`` (if
+        it filters the row), at its sample's rank (:func:`_sample_rank`, :func:`_sample_cut`).
+        ``NP`` (runs at most) may exceed the filter's, so that long rows get a sample as large
+        as ``SPARSE`` asks (up to a tile's worth), or be smaller where no row has more runs
+        (:func:`_sample_runs`): the same sample, a smaller tile. It also zeroes the counters
+        the later launches start from, the row's write counter ``wpos[row]``, with ``SL > 1``
+        its list counter ``cnt[row]``, and (program 0) ``ctl[0:3]``, so that the call needs
+        no fill launch before it."""
         row = tl.program_id(0).to(tl.int64)
         tl.store(wpos_ptr + row, 0)
+        if SL > 1:
+            tl.store(cnt_ptr + row, 0)
         if row == 0:
             c = tl.arange(0, 4)
             tl.store(ctl_ptr + c, tl.zeros((4,), tl.int32), mask=c < 3)
@@ -617,9 +780,11 @@ if triton is not None:
         if _sampled_row(length, sample_min, DIRECT):
             base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
             si = tl.arange(0, NP * PIECE)
-            sidx, smask, s = _row_sample(length, si // PIECE, si % PIECE, NP, PIECE, SPARSE)
+            sidx, smask, s, spread = _row_sample(length, si // PIECE, si % PIECE, NP, PIECE, SPARSE)
             skeys = _sample_keys(base, sidx, smask)
-            tl.store(thr_ptr + row, _sample_threshold(skeys, _sample_rank(K, s, length, SIGMAS), SLACK, LOW_BIT))
+            t, tc = _sample_cut(skeys, sidx, _sample_rank(K, s, length, SIGMAS), length, spread, SLACK, LOW_BIT)
+            tl.store(thr_ptr + row, t)
+            tl.store(tcol_ptr + row, tc)
 
     @triton.jit
     def _defer(ctl_ptr, row):
@@ -829,8 +994,20 @@ def default_cap(topk: int) -> int:
 def scratch_bytes_per_row(topk: int) -> int:
     """Bytes of :func:`ragged_topk`'s temporaries a row at the default capacity: the
     candidate lists (value and column a slot), the per-list counts (16 lists at most), the
-    threshold, a write counter and a queue entry."""
-    return 8 * default_cap(topk) + 4 * 16 + 12
+    threshold and its column cut, a write counter and a queue entry."""
+    return 8 * default_cap(topk) + 4 * 16 + 16
+
+
+def auto_slices(device: torch.device, rows: int, n: int, programs_per_sm: int) -> int:
+    """Programs a row for :func:`ragged_topk` on ``device`` when ``slices`` is not given: 1,
+    or on a GPU where ``rows`` rows are too few to fill it (fewer than half of
+    ``programs_per_sm`` programs an SM) the power of two that brings the programs near that
+    half, at most :data:`MAX_SLICES` and slices of at least :data:`SLICE_MIN` of the ``n``
+    keys."""
+    if device.type != "cuda" or rows < 1 or not (_int(programs_per_sm) and programs_per_sm >= 1):
+        return 1
+    want = min(_sm_count(device) * programs_per_sm // 2 // rows, n // SLICE_MIN, MAX_SLICES)
+    return 1 << (want.bit_length() - 1) if want >= 2 else 1
 
 
 def _int(x) -> bool:
@@ -883,7 +1060,7 @@ def _write_chunk(slots: int, warps: int, tile_write: bool, ballot_write: bool) -
 def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_block, num_warps, programs_per_sm,
           select_warps, tile, ballot, fused, prefetch, tile_write, filter_maxnreg, select_maxnreg, dynamic,
           presample, ballot_write, radix_bits, pieces, piece, sparse, sigmas, cap, sample_low_bit, sample_slack,
-          has_stats) -> tuple:
+          has_stats, slices=1, sample_max=SAMPLE_MAX) -> tuple:
     """:func:`ragged_topk`'s options (``cfg``: :func:`launch_config`'s items as (key, type,
     value), so that a config value of 2.0 or True is not taken for 2 or 1) checked and
     turned into its launches' arguments, once per distinct call shape: ``(programs_per_sm,
@@ -906,6 +1083,14 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
     dynamic = cfg["dynamic"] if dynamic is None else dynamic
     presample = cfg["presample"] if presample is None else presample
     ballot_write = cfg["ballot_write"] if ballot_write is None else ballot_write
+    if not (_int(slices) and _pow2(slices) and slices <= MAX_SLICES):
+        raise ValueError(f"slices must be a power of two in 1-{MAX_SLICES}, got {slices!r}")
+    if slices > 1:
+        # a split row's programs share one threshold, from the sample kernel, and no program
+        # sees the whole row to select it
+        if fused:
+            raise ValueError("fused=True needs slices=1 (a split row's select cannot run in one filter program)")
+        presample = True
     if filter_maxnreg is None:
         # a config's cap is tuned for the filter that only streams: the sample's search
         # (presample off) or the select (fused) under it spill in their loops
@@ -917,7 +1102,7 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
         raise ValueError(f"radix_bits must be 1, 2, 4 or 8, got {radix_bits}")
     for name, value in (("block", block), ("filter_block", filter_block), ("num_warps", num_warps),
                         ("select_warps", select_warps), ("cap", cap), ("tile", tile), ("pieces", pieces),
-                        ("piece", piece)):
+                        ("piece", piece), ("sample_max", sample_max)):
         if not _pow2(value):
             raise ValueError(f"{name} must be a power of two, got {value}")
     for name, value in (("sparse", sparse), ("programs_per_sm", programs_per_sm)):
@@ -940,8 +1125,10 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
     if cap < topk:
         raise ValueError(f"cap={cap} must be at least topk={topk}")
     # Triton tiles hold at most 2**20 elements (the second select launch's is `cap`)
+    if sample_max < piece:
+        raise ValueError(f"sample_max={sample_max} must be at least piece={piece}")
     for name, value in (("cap", cap), ("pieces * piece", pieces * piece), ("filter_block", filter_block),
-                        ("block", block)):
+                        ("block", block), ("sample_max", sample_max)):
         if value > 1 << 20:
             raise ValueError(f"{name} must be at most 2**20, got {value} (topk={topk})")
     # column offsets are int32: a row and the steps read past its end must stay below 2**31
@@ -959,30 +1146,32 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
     if ballot_write and not _nvidia(device):
         raise ValueError(f"ballot_write=True needs an NVIDIA GPU, got {device}")
     ballot = _ballot_ok(device, num_warps, filter_block) if ballot is None else ballot
-    common = _select_common(topk, num_warps, cap, tile, block, radix_bits, has_stats)
+    # a split row's programs append to one list a row; a whole row's, one list a warp
+    lists = 1 if slices > 1 else num_warps
+    common = _select_common(topk, lists, cap, tile, block, radix_bits, has_stats)
     fused_ch, fused_wb = _write_chunk(tile, num_warps, tile_write, fused and ballot_write)
     filter_kw = LaunchKw(
         BW=filter_block // num_warps, NP=pieces, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
         SLACK=float(sample_slack), LOW_BIT=sample_low_bit, BALLOT=bool(ballot), DEPTH=prefetch,
         DYNAMIC=bool(dynamic), FUSED=bool(fused), STW=tile // num_warps, CH=fused_ch, PRESAMPLE=presample,
-        WB=fused_wb, num_warps=num_warps, **common,
+        WB=fused_wb, num_warps=num_warps, **dict(common, W=num_warps), CAP=cap, SL=slices,
         **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
     sample_kw = None
     if presample:
-        # 32 keys a thread (H200, 64K-256K keys: 0.062-0.124 ms against 0.067-0.139 at 16)
-        run = _sample_run(n, pieces, piece, sparse)
-        sample_kw = LaunchKw(K=topk, NP=pieces, PIECE=run, SPARSE=sparse, SIGMAS=float(sigmas),
-                         SLACK=float(sample_slack), LOW_BIT=sample_low_bit, DIRECT=tile,
-                         num_warps=max(1, min(8, pieces * run // 1024)))
+        # up to 16 warps, 32 keys a thread at SAMPLE_MAX
+        runs = _sample_runs(n, piece, sparse, sample_max)
+        sample_kw = LaunchKw(K=topk, NP=runs, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
+                             SLACK=float(sample_slack), LOW_BIT=sample_low_bit, DIRECT=tile, SL=slices,
+                             num_warps=max(1, min(16, runs * piece // 1024)))
     selects = _select_launches(common, tile, cap, select_warps, fused, tile_write, select_maxnreg, ballot_write)
     return programs_per_sm, num_warps, cap, sample_kw, filter_kw, selects
 
 
-def _sample_run(n: int, pieces: int, piece: int, sparse: int) -> int:
-    """The sample kernel's ``PIECE`` for rows of at most ``n`` keys: the filter's ``piece``,
-    or a smaller power of two that still holds every such row's run (``n / pieces / sparse``
-    keys at most): the same sample in a smaller tile."""
-    return min(piece, _next_pow2(max(1, n // pieces // sparse)))
+def _sample_runs(n: int, piece: int, sparse: int, sample_max: int) -> int:
+    """The sample kernel's ``NP`` for rows of at most ``n`` keys: runs enough for one key in
+    ``sparse`` of the longest (:func:`_row_sample`), a power of two, at most ``sample_max``
+    keys: shorter rows take the same sample from a smaller tile."""
+    return max(1, min(sample_max // piece, _next_pow2(max(1, n // (sparse * piece)))))
 
 
 def _check_stats(stats: torch.Tensor | None, device: torch.device) -> None:
@@ -1065,6 +1254,8 @@ def ragged_topk(
     sample_slack: float = SAMPLE_SLACK,
     stats: torch.Tensor | None = None,
     direct_launch: bool | None = None,
+    slices: int | None = None,
+    sample_max: int = SAMPLE_MAX,
 ) -> None:
     """Per-row top-k of a logits block, reading each row's window only.
 
@@ -1109,9 +1300,12 @@ def ragged_topk(
             config's (the filter's only where it streams alone: ``presample`` and not
             ``fused``).
         radix_bits: Bits of the key resolved per pass of the plain road (1, 2, 4 or 8).
-        pieces, piece, sparse, sigmas: The sample: ``pieces`` runs (a power of two) of at
-            most ``piece`` keys (a power of two), one key in ``sparse`` sampled; its
-            threshold ``sigmas`` standard deviations deep.
+        pieces, piece, sparse, sigmas: The sample: runs of ``piece`` keys (a power of
+            two), one key in ``sparse`` sampled, at most ``pieces`` runs (a power of two) in
+            the filter kernel's own sample; its threshold ``sigmas`` standard deviations
+            deep.
+        sample_max: Keys at most in the sample kernel's sample (a power of two, at least
+            ``piece``; that kernel runs with ``presample``).
         cap: Candidate slots a row (default ``max(CAP, 4 * topk)``, a power of two, at
             least ``topk``); ``8 * cap`` bytes a row of scratch.
         sample_min: Rows longer than ``tile`` but shorter than this take the plain road.
@@ -1125,6 +1319,10 @@ def ragged_topk(
         direct_launch: On NVIDIA, launch a kernel's compiled variant directly once Triton's
             JIT has chosen it for the arguments' specialization (:mod:`._launch`: less host
             time a call). ``None``: ``INDEXER_TRITON_DIRECT_LAUNCH`` (on by default).
+        slices: Programs filtering each row (a power of two up to :data:`MAX_SLICES`), for
+            few long rows: each program a slice of whole blocks, all appending to the row's
+            one list (implies ``presample``, excludes ``fused``). ``None``:
+            :func:`auto_slices`.
 
     Raises:
         ValueError: an option out of range (before any kernel runs).
@@ -1153,10 +1351,12 @@ def ragged_topk(
     device = logits.device
     config = launch_config(device)
     cfg = tuple(zip(config.keys(), map(type, config.values()), config.values()))
+    if slices is None:
+        slices = auto_slices(device, rows, n, config["programs_per_sm"] if programs_per_sm is None else programs_per_sm)
     programs_per_sm, num_warps, cap, sample_kw, filter_kw, selects = _plan(
         device, cfg, topk, n, block, filter_block, num_warps, programs_per_sm, select_warps, tile, ballot, fused,
         prefetch, tile_write, filter_maxnreg, select_maxnreg, dynamic, presample, ballot_write, radix_bits, pieces,
-        piece, sparse, sigmas, cap, sample_low_bit, sample_slack, stats is not None)
+        piece, sparse, sigmas, cap, sample_low_bit, sample_slack, stats is not None, slices, sample_max)
     # NVIDIA only: AMD's Triton also specializes on whether a tensor spans under 2 GB
     # (buffer ops), which the direct launches' key does not hold
     # (the flag is read, and so checked, everywhere)
@@ -1168,17 +1368,18 @@ def ragged_topk(
     starts = _index_vector(starts_rel)
     lens = _index_vector(lengths)
     # one allocation: the candidate lists (an int64 slot: value bits, column), then int32
-    # per-list counts, thresholds, write counters and ctl: [0] the filter's next row
-    # (dynamic), [1] rows queued for the second select launch, [2] its next entry, [3:] the
-    # queue. The kernels index rows themselves, so places in the flat buffer do (At: a view
-    # only where the JIT launches)
+    # per-list counts, thresholds, their column cuts, write counters and ctl: [0] the
+    # filter's next row or slice (dynamic), [1] rows queued for the second select launch,
+    # [2] its next entry, [3:] the queue. The kernels index rows themselves, so places in the
+    # flat buffer do (At: a view only where the JIT launches)
     lists = rows * cap
-    buf = torch.empty(lists + (rows * (num_warps + 3) + 4) // 2, dtype=torch.int64, device=device)
+    buf = torch.empty(lists + (rows * (num_warps + 4) + 4) // 2, dtype=torch.int64, device=device)
     cand32 = buf.view(torch.int32)
     base = cand32.data_ptr()
-    at_wpos = 2 * lists + rows * (num_warps + 1)
+    at_wpos = 2 * lists + rows * (num_warps + 2)
     counts = At(cand32, 2 * lists, base)
-    thr = At(cand32, at_wpos - rows, base)
+    thr = At(cand32, at_wpos - 2 * rows, base)
+    tcol = At(cand32, at_wpos - rows, base)
     wpos = At(cand32, at_wpos, base)
     ctl = At(cand32, at_wpos + rows, base)
     # only the write counters and ctl[0:3] need zeros; the sample kernel zeroes them, else
@@ -1193,8 +1394,10 @@ def ragged_topk(
     index = device.index
     with device_guard(logits):
         if sample_kw is not None:
-            _SAMPLE(rows, (logits, starts, lens, thr, wpos, ctl, stride_lm, sample_min), sample_kw, index, direct)
-        _FILTER(_programs(device, rows, programs_per_sm), (logits, starts, lens, buf, cand32, counts, thr, out, ctl,
-                wpos, stats_arg, rows, stride_lm, out.stride(0), sample_min), filter_kw, index, direct)
+            _SAMPLE(rows, (logits, starts, lens, thr, tcol, counts, wpos, ctl, stride_lm, sample_min), sample_kw, index,
+                    direct)
+        _FILTER(_programs(device, rows * filter_kw["SL"], programs_per_sm), (
+            logits, starts, lens, buf, cand32, counts, thr, tcol, out, ctl, wpos, stats_arg, rows, stride_lm,
+            out.stride(0), sample_min), filter_kw, index, direct)
         _run_selects(device, rows, selects, logits, starts, lens, out, cand32, counts, thr, ctl, wpos, stats_arg,
                      stride_lm, sample_min, direct)
