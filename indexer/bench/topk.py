@@ -15,6 +15,13 @@ block, in one process, each phase timed with CUDA events after warm-up (median o
 copy bandwidth measured in the same run (a device-to-device copy, bytes read + written over
 its time). ``same`` is the fraction of rows whose set equals the torch path's.
 
+``--dist`` times the top-k instead on logits shaped like a real indexer's beside the
+Gaussian (:data:`indexer.synthetic.LOGIT_DISTRIBUTIONS`: ties, ramps, outliers, a recent
+stretch raised, a sink, ReLU zeros), every row's window the whole row, for each ``--context``
+and each of ``--dist-rows``: torch.topk against the Triton kernel, with the fraction of rows
+on each of the kernel's paths and, where long rows are split across programs, the same call
+on whole rows side by side.
+
 ``--e2e`` adds whole replicated ``prefill_topk`` calls (logits + top-k, one rank) with each
 top-k choice, on the first ``--context``.
 
@@ -46,6 +53,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--e2e", default=None, help="comma-separated N for whole prefill_topk calls with each top-k choice")
     p.add_argument("--fused", default=None, help="comma-separated N: logits + top-k unfused (DeepGEMM, Triton) "
                                                    "and fused (Triton), side by side")
+    p.add_argument("--dist", default=None,
+                   help="comma-separated logit distributions (or 'all': "
+                        "gaussian,equal,few_distinct,ascending,descending,outliers,recency,sink,relu_zeros), "
+                        "timed on whole-row windows instead of a late chunk's logits")
+    p.add_argument("--dist-rows", default="128,1024,8192", help="comma-separated row counts M of --dist")
+    p.add_argument("--max-gib", type=float, default=64.0,
+                   help="--dist skips an M x N whose logits exceed this many GiB")
+    p.add_argument("--check-rows", type=int, default=64,
+                   help="--dist compares this many rows (spread over the block) with the torch path's sets")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=None, help="write the rows as JSON here")
     p.add_argument("--tune", action="store_true",
@@ -115,6 +131,12 @@ def run(args: argparse.Namespace) -> int:
     tuned = None
     if args.tune and have_triton and device.type == "cuda":
         tuned = _tune(args, device)
+    if args.dist:
+        rows = distributions(args, device, bw if bw else None)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(copy_bytes_per_ms=bw, dist=rows), f, indent=1)
+        return 0
     for n in int_list(args.context):
         problem, backend, logits = _late_chunk_logits(args, device, n)
         m = logits.shape[0]
@@ -185,6 +207,92 @@ def run(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump(dict(copy_bytes_per_ms=bw, tuned=tuned, topk=rows, e2e=e2e, fused=fused), f, indent=1)
     return 0
+
+
+def distributions(args: argparse.Namespace, device: torch.device, bw: float | None, extra: dict | None = None,
+                  ) -> list[dict]:
+    """``--dist``: torch.topk and the Triton top-k side by side on each distribution, N and M
+    (whole-row windows), printed as a table and returned as rows. ``extra``: more top-k
+    implementations to time beside them, ``name -> fn(logits, starts, lengths, topk, out)``."""
+    from ..synthetic import LOGIT_DISTRIBUTIONS
+
+    names = LOGIT_DISTRIBUTIONS if args.dist == "all" else tuple(args.dist.split(","))
+    for name in names:
+        if name not in LOGIT_DISTRIBUTIONS:
+            raise SystemExit(f"--dist: {name!r} is not one of {', '.join(LOGIT_DISTRIBUTIONS)}")
+    k = args.topk
+    out_rows: list[dict] = []
+    cols = [("dist", "logits", "s"), ("N", "keys N", "d"), ("M", "rows M", "d"), ("method", "top-k", "s"),
+            ("ms", "ms", ".3f"), ("queued_ms", "queued ms", ".3f"), ("speedup", "vs torch.topk", ".2f"),
+            ("floor_ms", "floor ms", ".3f"), ("x_floor", "x floor", ".2f"), ("over_floor_us", "over floor us", ".0f"),
+            ("same", "same set", ".0%"), ("note", "paths", "s")]
+    todo = [(name, n, m) for n in int_list(args.context) for m in int_list(args.dist_rows) for name in names
+            if m * n * 4 <= args.max_gib * 2**30]
+    for i, (name, n, m) in enumerate(todo):
+        try:
+            _distribution_rows(args, device, bw, extra, name, n, m, out_rows)
+        except torch.cuda.OutOfMemoryError:  # a point too large for this GPU is a row, not the end of the run
+            out_rows.append(dict(dist=name, N=n, M=m, method="-", note="out of memory"))
+        print(f"[{i + 1}/{len(todo)}] {name} N={n} M={m}: "
+              + ", ".join(f"{r['method']} {r['ms']:.3f} ms" for r in out_rows if r.get("ms") and
+                          (r["dist"], r["N"], r["M"]) == (name, n, m)), flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    bw_text = f", copy bandwidth {bw / 1e9:.2f} TB/s" if bw else ""
+    print(f"bench topk --dist: topk={k}, whole-row windows, on {device} ({name}){bw_text}, median of {args.repeats} "
+          f"(ms: a synchronize around each call; queued: back to back); same set: {args.check_rows} rows checked "
+          "against the torch path (lowest-index ties)")
+    print(table(out_rows, cols))
+    return out_rows
+
+
+def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float | None, extra: dict | None,
+                       name: str, n: int, m: int, out_rows: list[dict]) -> None:
+    # one --dist point: its rows appended to out_rows
+    from ..backends.topk_torch import row_topk
+    from ..backends.triton import _topk as T
+    from ..synthetic import logits_like
+
+    k = args.topk
+    logits = logits_like(name, m, n, device, seed=n + m)
+    starts = torch.zeros(m, dtype=torch.int64, device=device)
+    lengths = torch.full((m,), n, dtype=torch.int64, device=device)
+    check = torch.unique(torch.linspace(0, m - 1, min(m, args.check_rows), device=device).long())
+    ref = torch.empty(check.numel(), k, dtype=torch.int32, device=device)
+    row_topk(logits[check], starts[check], lengths[check], k, ref)
+    floor = m * n * 4 / bw if bw else None
+    base = dict(dist=name, N=n, M=m, floor_ms=floor)
+    out = torch.empty(m, k, dtype=torch.int32, device=device)
+
+    def add(method, fn, note="", same=True):
+        ms = median_ms(fn, device, warmup=1, repeats=args.repeats)
+        queued = queued_median_ms(fn, device, warmup=1, repeats=args.repeats)
+        out.fill_(-2)
+        fn()
+        r = dict(base, method=method, ms=ms, queued_ms=queued, note=note,
+                 same=_same(out[check], ref) if same else None)
+        if floor:
+            r.update(x_floor=ms / floor, over_floor_us=(ms - floor) * 1e3)
+        out_rows.append(r)
+        return r
+
+    vals = torch.empty(m, k, dtype=torch.float32, device=device)
+    idx = torch.empty(m, k, dtype=torch.int64, device=device)
+    torch_row = add("torch.topk", lambda: torch.topk(logits, k, dim=1, out=(vals, idx)), same=False)
+    stats = torch.zeros(4, dtype=torch.int32, device=device)
+    T.ragged_topk(logits, starts, lengths, k, out, stats=stats)
+    s = stats.tolist()
+    slices = T.auto_slices(device, m, n, T.launch_config(device)["programs_per_sm"])
+    note = (f"sampled {s[T.STAT_SAMPLED] / m:.0%}, plain {s[T.STAT_PLAIN]}, whole-row {s[T.STAT_DIRECT]}"
+            + (f"; {slices} programs a row" if slices > 1 else ""))
+    found = [add("triton", lambda: T.ragged_topk(logits, starts, lengths, k, out), note)]
+    if slices > 1:
+        found.append(add("triton, whole rows", lambda: T.ragged_topk(logits, starts, lengths, k, out, slices=1)))
+    for label, fn in (extra or {}).items():
+        found.append(add(label, lambda fn=fn: fn(logits, starts, lengths, k, out)))
+    for r in [torch_row, *found]:
+        r["speedup"] = torch_row["ms"] / r["ms"]
 
 
 def _late_chunk_problem(args: argparse.Namespace, device: torch.device, n: int):
