@@ -246,18 +246,15 @@ if triton is not None:
         9 (4 warps) to 13 (8 warps) more SASS instructions a block under a 32-register cap
         (64-bit packing and addressing) and, at 8 warps, spilled in the loop (Triton 3.6,
         sm_90a). Four elements a thread (one rank a register, as :func:`_warp_ranks`)."""
+        # (a constexpr string must reach the asm call as it is, not through a local)
         if CUT:
-            asm = _WARP_APPEND_CUT_ASM
+            return tl.inline_asm_elementwise(
+                _WARP_APPEND_CUT_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
+                [v, c, length, lists, t, room, tcol], dtype=tl.int32, is_pure=False, pack=4)
         else:
-            asm = _WARP_APPEND_ASM
-        return tl.inline_asm_elementwise(
-            asm,
-            "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
-            [v, c, length, lists, t, room, tcol],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=4,
-        )
+            return tl.inline_asm_elementwise(
+                _WARP_APPEND_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
+                [v, c, length, lists, t, room, tcol], dtype=tl.int32, is_pure=False, pack=4)
 
     @triton.jit
     def _shared_append(v, c, t, tcol, ctr, lists, room, CUT: tl.constexpr):
@@ -265,17 +262,13 @@ if triton is not None:
         split into slices): slots from the row's counter ``ctr`` (one atomic add a warp with
         keys to place), in no particular order. NVIDIA only (inline PTX)."""
         if CUT:
-            asm = _SHARED_APPEND_CUT_ASM
+            return tl.inline_asm_elementwise(
+                _SHARED_APPEND_CUT_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
+                [v, c, ctr, lists, t, room, tcol], dtype=tl.int32, is_pure=False, pack=4)
         else:
-            asm = _SHARED_APPEND_ASM
-        return tl.inline_asm_elementwise(
-            asm,
-            "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
-            [v, c, ctr, lists, t, room, tcol],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=4,
-        )
+            return tl.inline_asm_elementwise(
+                _SHARED_APPEND_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
+                [v, c, ctr, lists, t, room, tcol], dtype=tl.int32, is_pure=False, pack=4)
 
     @triton.jit
     def _write_out(obase, sel, value, wpos_ptr, taken, WB: tl.constexpr):

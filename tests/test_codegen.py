@@ -1,12 +1,14 @@
-"""The Triton kernels compile for AMD Instinct GPUs with Triton's own AMD backend.
+"""The Triton kernels compile for AMD Instinct and NVIDIA Hopper GPUs without either.
 
-No AMD GPU has been available to this project, so nothing here runs a kernel: it generates
-each kernel's AMD code object (MI300X: gfx942, MI355X: gfx950; Triton needs no ROCm install
-for that) with the launch options the library takes on AMD, and checks that no NVIDIA-only
-code (inline PTX) reached it. It catches what would fail at the first launch on such a GPU:
-an NVIDIA-only path taken on AMD, or an operation the AMD backend cannot lower. Each case
-runs in a child process: the CPU test session defines the kernels for Triton's interpreter,
-which cannot compile them.
+No AMD GPU has been available to this project, and CI has no GPU at all, so nothing here
+runs a kernel: it generates each kernel's code object with Triton's own backends (MI300X:
+gfx942, MI355X: gfx950, needing no ROCm install; H100/H200: sm_90a, with the ptxas Triton
+ships) for the launch options the library takes there. On AMD it checks that no NVIDIA-only
+code (inline PTX) reached the kernel; on NVIDIA that the PTX steps did and that ptxas takes
+them. It catches what would fail at the first launch: an NVIDIA-only path taken on AMD, an
+operation a backend cannot lower, inline PTX that does not assemble. Each case runs in a
+child process: the CPU test session defines the kernels for Triton's interpreter, which
+cannot compile them.
 """
 
 from __future__ import annotations
@@ -29,11 +31,35 @@ def _has_amd_backend() -> bool:
     return "amd" in backends
 
 
-pytestmark = pytest.mark.skipif(not _has_amd_backend(), reason="this Triton has no AMD backend")
+def _has_nvidia_backend() -> bool:
+    try:
+        from triton.backends import backends
+    except Exception:  # noqa: BLE001 - an older Triton layout: no backend registry
+        return False
+    return "nvidia" in backends
+
+
+amd = pytest.mark.skipif(not _has_amd_backend(), reason="this Triton has no AMD backend")
+nvidia = pytest.mark.skipif(not _has_nvidia_backend(), reason="this Triton has no NVIDIA backend")
 
 #: Each architecture's fp8 (Triton's names): e4m3fnuz on MI300, e4m3fn (OCP) on MI355.
 FP8 = {"gfx942": "fp8e4b8", "gfx950": "fp8e4nv"}
 _OPTIONS = ("num_warps", "num_stages", "maxnreg")
+
+
+def _nvidia_compile(fn, signature: dict, kwargs: dict, ptx: tuple[str, ...]):
+    # sm_90a; every opcode of `ptx` must be in the kernel's PTX (the inline steps were taken)
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    constexprs = {k: v for k, v in kwargs.items() if k not in _OPTIONS}
+    options = {k: v for k, v in kwargs.items() if k in _OPTIONS}
+    src = ASTSource(fn=fn, signature=dict(signature, **{k: "constexpr" for k in constexprs}), constexprs=constexprs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    assert kernel.asm["cubin"], f"{fn.__name__}: no cubin for sm_90a"
+    for opcode in ptx:
+        assert opcode in kernel.asm["ptx"], f"{fn.__name__} on sm_90a: no {opcode} (the PTX step was not taken)"
+    return kernel
 
 
 def _compile(fn, signature: dict, kwargs: dict, arch: str):
@@ -89,6 +115,26 @@ def _topk_kernels(arch: str, presample: bool, fused: bool, slices: int) -> None:
         _compile(T._sample_kernel, _SAMPLE_SIG, sample_kw, arch)
 
 
+def _nvidia_topk_kernels(slices: int) -> None:
+    from indexer.backends.triton import _topk as T
+
+    # ragged_topk's launches with the sm90 config (a CPU device stands for the GPU in the
+    # plan, told it is NVIDIA's: ballots, PTX steps and register caps), 1M-key rows
+    T._nvidia = lambda device: True
+    config = dict(T.DEFAULT_CONFIG, **T.TOPK_CONFIGS["sm90"])
+    cfg = tuple((key, type(value), value) for key, value in config.items())
+    _, _, _, sample_kw, filter_kw, selects = T._plan(
+        torch.device("cpu"), cfg, 2048, 1 << 20, None, None, None, None, None, None, None, None, None, None, None, None,
+        None, None, None, T.RADIX_BITS, None, T.PIECE, T.SPARSE, T.SIGMAS, None, 8, T.SAMPLE_SLACK, True, slices)
+    assert filter_kw["BALLOT"] and filter_kw["SL"] == slices
+    # the filter's PTX step: warp lists (slices=1) or the row's shared list and its atomic counter
+    ptx = ("vote.sync.ballot", "st.global.v2.b32") + (("atom.global.add.u32",) if slices > 1 else ())
+    _nvidia_compile(T._filter_kernel, _FILTER_SIG, filter_kw, ptx)
+    _nvidia_compile(T._sample_kernel, _SAMPLE_SIG, sample_kw, ())
+    for _, kw in selects:
+        _nvidia_compile(T._select_kernel, _SELECT_SIG, kw, ("vote.sync.ballot",) if kw["WB"] else ())
+
+
 def _logits_kernels(arch: str) -> None:
     # the DeepSeek-V3.2 / GLM-5 indexer shape, H=64 D=128, both logits kernels and the fused
     # logits + top-k filter (its stores are tl.store off NVIDIA)
@@ -119,6 +165,7 @@ def _run_child(*args: str) -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
 
 
+@amd
 @pytest.mark.parametrize("arch", sorted(FP8))
 @pytest.mark.parametrize("presample,fused,slices", [(False, False, 1), (True, False, 1), (False, True, 1),
                                                     (True, False, 4)])
@@ -127,14 +174,24 @@ def test_topk_kernels_compile_for_amd(arch, presample, fused, slices):
     _run_child("topk", arch, str(int(presample)), str(int(fused)), str(slices))
 
 
+@amd
 @pytest.mark.parametrize("arch", sorted(FP8))
 def test_logits_kernels_compile_for_amd(arch):
     _run_child("logits", arch)
 
 
+@nvidia
+@pytest.mark.parametrize("slices", [1, 4])
+def test_topk_kernels_compile_for_hopper(slices):
+    # slices=4: long rows split across programs, appending to one list a row
+    _run_child("nvidia-topk", str(slices))
+
+
 if __name__ == "__main__":
     # the child: compile one case, fail loudly
-    if sys.argv[1] == "topk":
+    if sys.argv[1] == "nvidia-topk":
+        _nvidia_topk_kernels(int(sys.argv[2]))
+    elif sys.argv[1] == "topk":
         _topk_kernels(sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1", int(sys.argv[5]))
     else:
         _logits_kernels(sys.argv[2])
