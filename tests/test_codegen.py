@@ -84,10 +84,10 @@ _SELECT_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, out_pt
                    cnt_ptr=_P32, thr_ptr=_P32, ctl_ptr=_P32, wpos_ptr=_P32, stats_ptr=_P32, stride_lm=_I,
                    stride_om=_I, sample_min=_I)
 _FILTER_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, cand_ptr=_P64, cand32_ptr=_P32,
-                   cnt_ptr=_P32, thr_ptr=_P32, tcol_ptr=_P32, out_ptr=_P32, ctl_ptr=_P32, wpos_ptr=_P32,
-                   stats_ptr=_P32, rows=_I, stride_lm=_I, stride_om=_I, sample_min=_I)
-_SAMPLE_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, thr_ptr=_P32, tcol_ptr=_P32, cnt_ptr=_P32,
-                   wpos_ptr=_P32, ctl_ptr=_P32, stride_lm=_I, sample_min=_I)
+                   cnt_ptr=_P32, thr_ptr=_P32, tcol_ptr=_P32, thr2_ptr=_P32, out_ptr=_P32, ctl_ptr=_P32,
+                   wpos_ptr=_P32, stats_ptr=_P32, rows=_I, stride_lm=_I, stride_om=_I, sample_min=_I)
+_SAMPLE_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, thr_ptr=_P32, tcol_ptr=_P32,
+                   thr2_ptr=_P32, cnt_ptr=_P32, wpos_ptr=_P32, ctl_ptr=_P32, rows=_I, stride_lm=_I, sample_min=_I)
 
 
 def _amd_plan(presample: bool, fused: bool, slices: int = 1):
@@ -104,10 +104,12 @@ def _amd_plan(presample: bool, fused: bool, slices: int = 1):
 def _topk_kernels(arch: str, presample: bool, fused: bool, slices: int) -> None:
     from indexer.backends.triton import _topk as T
 
-    _, _, _, sample_kw, filter_kw, selects = _amd_plan(presample, fused, slices)
+    _, _, _, sample_kw, filter_kw, retry_kw, selects = _amd_plan(presample, fused, slices)
     assert filter_kw["SL"] == slices
     assert not filter_kw["BALLOT"] and not filter_kw["WB"] and "maxnreg" not in filter_kw
     _compile(T._filter_kernel, _FILTER_SIG, filter_kw, arch)
+    if retry_kw is not None:
+        _compile(T._filter_kernel, _FILTER_SIG, retry_kw, arch)
     for _, kw in selects:
         assert not kw["WB"]
         _compile(T._select_kernel, _SELECT_SIG, kw, arch)
@@ -123,13 +125,15 @@ def _nvidia_topk_kernels(slices: int) -> None:
     T._nvidia = lambda device: True
     config = dict(T.DEFAULT_CONFIG, **T.TOPK_CONFIGS["sm90"])
     cfg = tuple((key, type(value), value) for key, value in config.items())
-    _, _, _, sample_kw, filter_kw, selects = T._plan(
+    _, _, _, sample_kw, filter_kw, retry_kw, selects = T._plan(
         torch.device("cpu"), cfg, 2048, 1 << 20, None, None, None, None, None, None, None, None, None, None, None, None,
         None, None, None, T.RADIX_BITS, None, T.PIECE, T.SPARSE, T.SIGMAS, None, 8, T.SAMPLE_SLACK, True, slices)
     assert filter_kw["BALLOT"] and filter_kw["SL"] == slices
     # the filter's PTX step: warp lists (slices=1) or the row's shared list and its atomic counter
     ptx = ("vote.sync.ballot", "st.global.v2.b32") + (("atom.global.add.u32",) if slices > 1 else ())
     _nvidia_compile(T._filter_kernel, _FILTER_SIG, filter_kw, ptx)
+    if retry_kw is not None:
+        _nvidia_compile(T._filter_kernel, _FILTER_SIG, retry_kw, ())
     _nvidia_compile(T._sample_kernel, _SAMPLE_SIG, sample_kw, ())
     for _, kw in selects:
         _nvidia_compile(T._select_kernel, _SELECT_SIG, kw, ("vote.sync.ballot",) if kw["WB"] else ())

@@ -273,17 +273,34 @@ def test_split_rows_select_the_torch_set(slices, quantize):
     assert stats[T.STAT_SAMPLED] >= 5, stats
 
 
+@pytest.mark.parametrize("slices", [2, 4])
+@pytest.mark.parametrize("topk,road", [(16, T.STAT_SAMPLED), (100, T.STAT_PLAIN)])
+def test_split_rows_retry_in_a_second_launch(slices, topk, road):
+    # every large key of 2048-key rows sits in a run the sample reads, so exactly r keys reach
+    # the first threshold, fewer than k: the retry launch appends the keys down to the deeper
+    # threshold, enough for k=16 (the sampled road serves the rows), still too few for k=100
+    n = 2048
+    col = torch.arange(n)
+    vals = torch.rand(3, n) - 10.0
+    vals[:, (col // 8) % 4 == 0] += 20.0
+    starts = torch.zeros(3, dtype=torch.int64)
+    lengths = torch.full((3,), n, dtype=torch.int64)
+    stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=4096, slices=slices, **SMALL_ROAD)
+    assert stats[road] == 3, stats
+
+
 def test_split_rows_take_their_threshold_from_the_sample_kernel():
     # slices > 1 runs the sample kernel whatever presample says, and refuses the fused select
     assert T.ragged_topk is not None
     cfg = tuple((key, type(value), value) for key, value in T.DEFAULT_CONFIG.items())
     args = (torch.device("cpu"), cfg, 64, 100000, None, None, None, None, None, None, None, None, None, None, None,
             None, None, False, None, T.RADIX_BITS, None, T.PIECE, T.SPARSE, T.SIGMAS, None, 8, T.SAMPLE_SLACK, False)
-    _, _, _, sample_kw, filter_kw, selects = T._plan(*args, 4)
+    _, _, _, sample_kw, filter_kw, retry_kw, selects = T._plan(*args, 4)
     assert sample_kw is not None and filter_kw["SL"] == 4 and filter_kw["PRESAMPLE"]
+    assert retry_kw["RETRY"] and not filter_kw["RETRY"]
     assert all(kw["W"] == 1 for _, kw in selects)  # one list a row
-    _, _, _, sample_kw, filter_kw, _ = T._plan(*args, 1)
-    assert sample_kw is None and filter_kw["SL"] == 1
+    _, _, _, sample_kw, filter_kw, retry_kw, _ = T._plan(*args, 1)
+    assert sample_kw is None and retry_kw is None and filter_kw["SL"] == 1
 
 
 def test_auto_slices_split_only_few_long_rows_on_a_gpu():
@@ -558,14 +575,16 @@ def test_presampled_second_threshold_serves_an_unlucky_sample(topk, road):
     assert stats[road] == 3, stats
 
 
-@pytest.mark.parametrize("piece", [8, 64])
-def test_presampled_thresholds_take_the_filters_roads(piece):
+@pytest.mark.parametrize("piece,pieces", [(8, 32), (4, 256)])
+def test_presampled_thresholds_take_the_filters_roads(piece, pieces):
     # lists of 32 slots a row (cap 128, 4 lists): the rank-r threshold's keys mostly fit
-    # them, the retry's (2r) or a wrong threshold's would not, so a presampled threshold other
-    # than the filter's own sends rows to another road. piece=64 makes the sample kernel's
-    # tile smaller than the filter's (_sample_run: 16 keys of runs for n=900)
+    # them, the retry's or a wrong threshold's would not, so a presampled threshold other
+    # than the filter's own sends rows to another road. Both samples are one run every 4 *
+    # piece keys (no row has more runs than either holds); pieces=256 makes the sample
+    # kernel's tile smaller than the filter's (_sample_runs: 64 runs for n=900)
     logits, masked, starts, lengths = _case(12, 900, 24, seed=7, pad=3, min_length=600)
-    kw = dict(cap=128, filter_block=64, piece=piece, sparse=4)
+    kw = dict(cap=128, filter_block=64, piece=piece, pieces=pieces, sparse=4)
+    assert 900 // (4 * piece) <= min(pieces, T._sample_runs(900, piece, 4, T.SAMPLE_MAX))
     want = _check(logits, masked, starts, lengths, 24, presample=False, **kw)
     got = _check(logits, masked, starts, lengths, 24, presample=True, **kw)
     assert got == want and want[T.STAT_SAMPLED] >= 8, (got, want)
@@ -590,17 +609,21 @@ def test_sample_kernel_tile_holds_the_filters_sample(slices):
         tcol = torch.zeros(len(lens), dtype=torch.int32, device=DEVICE)
         # the counters it zeroes for the later launches, garbage before (ctl[3:] is the
         # queue, written before it is read, and must be left alone; cnt only for split rows)
-        cnt = torch.full((len(lens),), 9, dtype=torch.int32, device=DEVICE)
+        cnt = torch.full((2 * len(lens),), 9, dtype=torch.int32, device=DEVICE)  # list, slices done
         wpos = torch.full((len(lens),), 77, dtype=torch.int32, device=DEVICE)
         ctl = torch.full((6,), -5, dtype=torch.int32, device=DEVICE)
-        T._sample_kernel[(len(lens),)](logits, starts, lens.to(DEVICE), t, tcol, cnt, wpos, ctl, logits.stride(0), 0,
-                                       K=8, NP=np_, PIECE=piece, SPARSE=sparse, SIGMAS=4.0, SLACK=1 / 32, LOW_BIT=8,
+        thr2 = torch.zeros(2 * len(lens), dtype=torch.int32, device=DEVICE)
+        T._sample_kernel[(len(lens),)](logits, starts, lens.to(DEVICE), t, tcol, thr2, cnt, wpos, ctl, len(lens),
+                                       logits.stride(0), 0, K=8, NP=np_, PIECE=piece, SPARSE=sparse, SIGMAS=4.0, SLACK=1 / 32, LOW_BIT=8,
                                        DIRECT=8, SL=slices, num_warps=1)
-        got.append((t, tcol))
+        got.append((t, tcol, thr2))
+        # the retry's threshold is deeper: at or below the first
+        sampled = lens.to(DEVICE) > 8
+        assert (thr2[:len(lens)][sampled] <= t[sampled]).all()
         assert not wpos.any()
         assert (cnt == (0 if slices > 1 else 9)).all()
         assert ctl.tolist() == [0, 0, 0, -5, -5, -5]
-    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+    assert all(torch.equal(a, b) for a, b in zip(*got))
     sampled = lens.to(DEVICE) > 8
     assert (got[0][0][sampled] != 0).any()  # thresholds were written
     assert (got[0][1][sampled] != 2**31 - 1).any()  # and some rows' cuts

@@ -371,6 +371,17 @@ if triton is not None:
         return tl.minimum((mu + SIGMAS * tl.sqrt(mu) + 1.0).to(tl.int32), s)
 
     @triton.jit
+    def _run_rank(K, s, length, SIGMAS: tl.constexpr, RUN: tl.constexpr):
+        """:func:`_sample_rank` for a sample of runs of ``RUN`` adjacent keys, and at least
+        ``RUN`` deeper than ``mu``: where a row's largest keys are adjacent (a ramp), the
+        sample's largest sit in its first runs, which stand for ``spread`` keys each but hold
+        only ``RUN``; the extra run keeps ``K`` of the row's keys above the threshold (with
+        ``K`` small against the sample's runs, ``SIGMAS`` alone did not)."""
+        mu = K * s.to(tl.float32) / length.to(tl.float32)
+        r = tl.maximum(mu + SIGMAS * tl.sqrt(mu), mu + RUN) + 1.0
+        return tl.minimum(r.to(tl.int32), s)
+
+    @triton.jit
     def _sample_threshold(skeys, rank, SLACK: tl.constexpr, LOW_BIT: tl.constexpr):
         """Key the ``rank``-th largest of the sampled keys ``skeys`` reaches, with at most
         ``rank * (1 + SLACK)`` of them at or above it (a lower bound, see :func:`_search`),
@@ -618,9 +629,33 @@ if triton is not None:
         return total
 
     @triton.jit
+    def _at_or_above(v, c, tf, tcol):
+        # whether keys v (columns c) reach the threshold (tf, tcol) of _sample_cut (NaNs do)
+        return ~(v < tf) & ~((v == tf) & (c > tcol))
+
+    @triton.jit
+    def _band_pass(base, lo, hi, cand, ctr, t_lo, tc_lo, t_hi, tc_hi, WCAP: tl.constexpr, BLOCK: tl.constexpr):
+        """Columns ``[lo, hi)`` of a row: the keys at or above the threshold ``(t_lo, tc_lo)``
+        and below ``(t_hi, tc_hi)`` appended to the row's one list ``cand`` (slots from its
+        counter ``ctr``, counting on past ``WCAP``). The retry of a split row, rare: plain
+        Triton, an atomic add a block with keys to place."""
+        tf_lo = _key_float(t_lo)
+        tf_hi = _key_float(t_hi)
+        for c0 in range(lo, hi, BLOCK):
+            c = c0 + tl.arange(0, BLOCK)
+            m = c < hi
+            v = tl.load(base + c, mask=m, other=float("-inf"))
+            sel = m & _at_or_above(v, c, tf_lo, tc_lo) & ~_at_or_above(v, c, tf_hi, tc_hi)
+            s32 = sel.to(tl.int32)
+            tot = tl.sum(s32, axis=0)
+            if tot > 0:
+                pos = tl.atomic_add(ctr, tot) + tl.cumsum(s32, axis=0) - 1
+                tl.store(cand + pos, _pack(c, v), mask=sel & (pos < WCAP))
+
+    @triton.jit
     def _filter_kernel(
-        logits_ptr, starts_ptr, lengths_ptr, cand_ptr, cand32_ptr, cnt_ptr, thr_ptr, tcol_ptr, out_ptr, ctl_ptr,
-        wpos_ptr, stats_ptr, rows, stride_lm, stride_om, sample_min,
+        logits_ptr, starts_ptr, lengths_ptr, cand_ptr, cand32_ptr, cnt_ptr, thr_ptr, tcol_ptr, thr2_ptr, out_ptr,
+        ctl_ptr, wpos_ptr, stats_ptr, rows, stride_lm, stride_om, sample_min,
         K: tl.constexpr,
         W: tl.constexpr,
         BW: tl.constexpr,
@@ -647,6 +682,7 @@ if triton is not None:
         STATS: tl.constexpr,
         PRESAMPLE: tl.constexpr,
         WB: tl.constexpr,
+        RETRY: tl.constexpr,
     ):
         """Rows longer than ``DIRECT`` (and at least ``sample_min``): the threshold
         ``(thr[row], tcol[row])`` (:func:`_sample_cut`) and the keys at or above it in lists
@@ -662,8 +698,12 @@ if triton is not None:
         SM. ``DYNAMIC``: a program takes its next row (or slice) from the counter ``ctl[0]``
         (zeroed by the caller), so programs that run end together and programs the SM could
         not hold at once find no work left; otherwise ``pid, pid + nprog, ...``.
-        ``PRESAMPLE``: the first threshold comes from :func:`_sample_kernel`, so that no
-        program stops streaming for a sample's search; the rare retry still searches here."""
+        ``PRESAMPLE``: the thresholds come from :func:`_sample_kernel` (a second, deeper one
+        at ``thr2``/``thr2 + rows`` for the rare retry), so that no program stops streaming
+        for a sample's search. A whole row's program retries itself; split rows retry in a
+        second launch (``RETRY``, after the first has counted every row): where fewer than
+        ``K`` keys passed, each slice appends the keys between the deeper threshold and the
+        first (the keys above the first are in the list already)."""
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
         STEP: tl.constexpr = W * BW
@@ -684,19 +724,25 @@ if triton is not None:
                 cand = cand_ptr + row * CAP
                 if SL == 1:
                     sidx, smask, s, spread = _row_sample(length, pp, pj, NP, PIECE, SPARSE)
-                    r = _sample_rank(K, s, length, SIGMAS)
                     if PRESAMPLE:
                         t = tl.load(thr_ptr + row)
                         tc = tl.load(tcol_ptr + row)
                     else:
-                        t, tc = _sample_cut(_sample_keys(base, sidx, smask), sidx, r, length, spread, SLACK, LOW_BIT)
+                        t, tc = _sample_cut(_sample_keys(base, sidx, smask), sidx,
+                                            _run_rank(K, s, length, SIGMAS, PIECE), length, spread, SLACK, LOW_BIT)
                     total = _filter_range(base, 0, length, cand, cnt_ptr + row * W, t, tc, W, BW, WCAP, BALLOT,
                                           DEPTH, False)
                     if total < K:
-                        # too few keys passed (rare): once more, twice as deep into the sample
-                        # (read again, so that it is not held in registers through the pass)
-                        t, tc = _sample_cut(_sample_keys(base, sidx, smask), sidx, tl.minimum(2 * r, s), length,
-                                            spread, SLACK, LOW_BIT)
+                        # too few keys passed (rare): once more, twice as many sigmas deep into
+                        # the sample (read again, so that it is not held in registers through
+                        # the pass)
+                        if PRESAMPLE:
+                            t = tl.load(thr2_ptr + row)
+                            tc = tl.load(thr2_ptr + rows + row)
+                        else:
+                            t, tc = _sample_cut(_sample_keys(base, sidx, smask), sidx,
+                                                _run_rank(K, s, length, 2 * SIGMAS, 2 * PIECE), length, spread, SLACK,
+                                                LOW_BIT)
                         total = _filter_range(base, 0, length, cand, cnt_ptr + row * W, t, tc, W, BW, WCAP, BALLOT,
                                               DEPTH, False)
                     tl.store(thr_ptr + row, t)
@@ -705,9 +751,22 @@ if triton is not None:
                     per = (length + SL * STEP - 1) // (SL * STEP) * STEP
                     lo = (unit % SL) * per
                     hi = tl.minimum(lo + per, length)
-                    if lo < hi:
-                        _filter_range(base, lo, hi, cand, cnt_ptr + row, tl.load(thr_ptr + row),
-                                      tl.load(tcol_ptr + row), W, BW, WCAP, BALLOT, DEPTH, True)
+                    # cnt[rows + row]: the row's slices done; the last to finish marks a row
+                    # that needs the retry (SL + 1), so that the retry launch decides on the
+                    # first pass's count, which its own appends then change
+                    done = cnt_ptr + rows + row
+                    if RETRY:
+                        if (lo < hi) & (tl.load(done) > SL):
+                            _band_pass(base, lo, hi, cand, cnt_ptr + row, tl.load(thr2_ptr + row),
+                                       tl.load(thr2_ptr + rows + row), tl.load(thr_ptr + row), tl.load(tcol_ptr + row),
+                                       WCAP, STEP)
+                    else:
+                        if lo < hi:
+                            _filter_range(base, lo, hi, cand, cnt_ptr + row, tl.load(thr_ptr + row),
+                                          tl.load(tcol_ptr + row), W, BW, WCAP, BALLOT, DEPTH, True)
+                        if tl.atomic_add(done, 1) == SL - 1:
+                            if tl.atomic_add(cnt_ptr + row, 0) < K:
+                                tl.store(done, SL + 1)
             if FUSED:
                 # one thread stored the threshold; every thread of the select reads it
                 tl.debug_barrier()
@@ -743,7 +802,8 @@ if triton is not None:
 
     @triton.jit
     def _sample_kernel(
-        logits_ptr, starts_ptr, lengths_ptr, thr_ptr, tcol_ptr, cnt_ptr, wpos_ptr, ctl_ptr, stride_lm, sample_min,
+        logits_ptr, starts_ptr, lengths_ptr, thr_ptr, tcol_ptr, thr2_ptr, cnt_ptr, wpos_ptr, ctl_ptr, rows, stride_lm,
+        sample_min,
         K: tl.constexpr,
         NP: tl.constexpr,
         PIECE: tl.constexpr,
@@ -755,17 +815,19 @@ if triton is not None:
         SL: tl.constexpr,
     ):
         """The filter kernel's threshold ``(thr[row], tcol[row])`` of row ``program_id`` (if
-        it filters the row), at its sample's rank (:func:`_sample_rank`, :func:`_sample_cut`).
+        it filters the row), at its sample's rank (:func:`_run_rank`, :func:`_sample_cut`),
+        and the retry's, twice as many sigmas deep, at ``(thr2[row], thr2[rows + row])``.
         ``NP`` (runs at most) may exceed the filter's, so that long rows get a sample as large
         as ``SPARSE`` asks (up to a tile's worth), or be smaller where no row has more runs
         (:func:`_sample_runs`): the same sample, a smaller tile. It also zeroes the counters
         the later launches start from, the row's write counter ``wpos[row]``, with ``SL > 1``
-        its list counter ``cnt[row]``, and (program 0) ``ctl[0:3]``, so that the call needs
-        no fill launch before it."""
+        its list counter ``cnt[row]`` and slices-done counter ``cnt[rows + row]``, and
+        (program 0) ``ctl[0:3]``, so that the call needs no fill launch before it."""
         row = tl.program_id(0).to(tl.int64)
         tl.store(wpos_ptr + row, 0)
         if SL > 1:
-            tl.store(cnt_ptr + row, 0)
+            tl.store(cnt_ptr + row, 0)  # the row's list
+            tl.store(cnt_ptr + rows + row, 0)  # its slices done
         if row == 0:
             c = tl.arange(0, 4)
             tl.store(ctl_ptr + c, tl.zeros((4,), tl.int32), mask=c < 3)
@@ -775,9 +837,15 @@ if triton is not None:
             si = tl.arange(0, NP * PIECE)
             sidx, smask, s, spread = _row_sample(length, si // PIECE, si % PIECE, NP, PIECE, SPARSE)
             skeys = _sample_keys(base, sidx, smask)
-            t, tc = _sample_cut(skeys, sidx, _sample_rank(K, s, length, SIGMAS), length, spread, SLACK, LOW_BIT)
+            t, tc = _sample_cut(skeys, sidx, _run_rank(K, s, length, SIGMAS, PIECE), length, spread, SLACK, LOW_BIT)
             tl.store(thr_ptr + row, t)
             tl.store(tcol_ptr + row, tc)
+            # the retry's, twice as many sigmas deep (a filter program's own sample of a long
+            # row is too small to place it well: at 2M keys each of its keys stands for 512)
+            t, tc = _sample_cut(skeys, sidx, _run_rank(K, s, length, 2 * SIGMAS, 2 * PIECE), length, spread, SLACK,
+                                LOW_BIT)
+            tl.store(thr2_ptr + row, t)
+            tl.store(thr2_ptr + rows + row, tc)
 
     @triton.jit
     def _defer(ctl_ptr, row):
@@ -987,8 +1055,8 @@ def default_cap(topk: int) -> int:
 def scratch_bytes_per_row(topk: int) -> int:
     """Bytes of :func:`ragged_topk`'s temporaries a row at the default capacity: the
     candidate lists (value and column a slot), the per-list counts (16 lists at most), the
-    threshold and its column cut, a write counter and a queue entry."""
-    return 8 * default_cap(topk) + 4 * 16 + 16
+    thresholds and column cuts (the first and the retry's), a write counter and a queue entry."""
+    return 8 * default_cap(topk) + 4 * 16 + 24
 
 
 def auto_slices(device: torch.device, rows: int, n: int, programs_per_sm: int) -> int:
@@ -1057,8 +1125,8 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
     """:func:`ragged_topk`'s options (``cfg``: :func:`launch_config`'s items as (key, type,
     value), so that a config value of 2.0 or True is not taken for 2 or 1) checked and
     turned into its launches' arguments, once per distinct call shape: ``(programs_per_sm,
-    num_warps, cap, sample kernel keywords or None, filter kernel keywords, ((first, select
-    kernel keywords), ...))``.
+    num_warps, cap, sample kernel keywords or None, filter kernel keywords, the split rows'
+    retry launch's keywords or None, ((first, select kernel keywords), ...))``.
 
     Raises:
         ValueError: an option out of range, named.
@@ -1147,8 +1215,10 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
         BW=filter_block // num_warps, NP=pieces, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
         SLACK=float(sample_slack), LOW_BIT=sample_low_bit, BALLOT=bool(ballot), DEPTH=prefetch,
         DYNAMIC=bool(dynamic), FUSED=bool(fused), STW=tile // num_warps, CH=fused_ch, PRESAMPLE=presample,
-        WB=fused_wb, num_warps=num_warps, **dict(common, W=num_warps), CAP=cap, SL=slices,
+        WB=fused_wb, num_warps=num_warps, **dict(common, W=num_warps), CAP=cap, SL=slices, RETRY=False,
         **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
+    # split rows retry in a launch of their own (rows strided over its programs)
+    retry_kw = LaunchKw(filter_kw, RETRY=True, DYNAMIC=False) if slices > 1 else None
     sample_kw = None
     if presample:
         # up to 16 warps, 32 keys a thread at SAMPLE_MAX
@@ -1157,7 +1227,7 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
                              SLACK=float(sample_slack), LOW_BIT=sample_low_bit, DIRECT=tile, SL=slices,
                              num_warps=max(1, min(16, runs * piece // 1024)))
     selects = _select_launches(common, tile, cap, select_warps, fused, tile_write, select_maxnreg, ballot_write)
-    return programs_per_sm, num_warps, cap, sample_kw, filter_kw, selects
+    return programs_per_sm, num_warps, cap, sample_kw, filter_kw, retry_kw, selects
 
 
 def _sample_runs(n: int, piece: int, sparse: int, sample_max: int) -> int:
@@ -1346,7 +1416,7 @@ def ragged_topk(
     cfg = tuple(zip(config.keys(), map(type, config.values()), config.values()))
     if slices is None:
         slices = auto_slices(device, rows, n, config["programs_per_sm"] if programs_per_sm is None else programs_per_sm)
-    programs_per_sm, num_warps, cap, sample_kw, filter_kw, selects = _plan(
+    programs_per_sm, num_warps, cap, sample_kw, filter_kw, retry_kw, selects = _plan(
         device, cfg, topk, n, block, filter_block, num_warps, programs_per_sm, select_warps, tile, ballot, fused,
         prefetch, tile_write, filter_maxnreg, select_maxnreg, dynamic, presample, ballot_write, radix_bits, pieces,
         piece, sparse, sigmas, cap, sample_low_bit, sample_slack, stats is not None, slices, sample_max)
@@ -1361,18 +1431,21 @@ def ragged_topk(
     starts = _index_vector(starts_rel)
     lens = _index_vector(lengths)
     # one allocation: the candidate lists (an int64 slot: value bits, column), then int32
-    # per-list counts, thresholds, their column cuts, write counters and ctl: [0] the
-    # filter's next row or slice (dynamic), [1] rows queued for the second select launch,
-    # [2] its next entry, [3:] the queue. The kernels index rows themselves, so places in the
-    # flat buffer do (At: a view only where the JIT launches)
+    # per-list counts, thresholds, their column cuts, the retry's thresholds and cuts, write
+    # counters and ctl: [0] the filter's next row or slice (dynamic), [1] rows queued for the
+    # second select launch, [2] its next entry, [3:] the queue. The kernels index rows
+    # themselves, so places in the flat buffer do (At: a view only where the JIT launches)
     lists = rows * cap
-    buf = torch.empty(lists + (rows * (num_warps + 4) + 4) // 2, dtype=torch.int64, device=device)
+    # (split rows: a list counter and a slices-done counter a row)
+    counters = max(num_warps, 2)
+    buf = torch.empty(lists + (rows * (counters + 6) + 4) // 2, dtype=torch.int64, device=device)
     cand32 = buf.view(torch.int32)
     base = cand32.data_ptr()
-    at_wpos = 2 * lists + rows * (num_warps + 2)
+    at_wpos = 2 * lists + rows * (counters + 4)
     counts = At(cand32, 2 * lists, base)
-    thr = At(cand32, at_wpos - 2 * rows, base)
-    tcol = At(cand32, at_wpos - rows, base)
+    thr = At(cand32, at_wpos - 4 * rows, base)
+    tcol = At(cand32, at_wpos - 3 * rows, base)
+    thr2 = At(cand32, at_wpos - 2 * rows, base)
     wpos = At(cand32, at_wpos, base)
     ctl = At(cand32, at_wpos + rows, base)
     # only the write counters and ctl[0:3] need zeros; the sample kernel zeroes them, else
@@ -1387,10 +1460,14 @@ def ragged_topk(
     index = device.index
     with device_guard(logits):
         if sample_kw is not None:
-            _SAMPLE(rows, (logits, starts, lens, thr, tcol, counts, wpos, ctl, stride_lm, sample_min), sample_kw, index,
-                    direct)
-        _FILTER(_programs(device, rows * filter_kw["SL"], programs_per_sm), (
-            logits, starts, lens, buf, cand32, counts, thr, tcol, out, ctl, wpos, stats_arg, rows, stride_lm,
-            out.stride(0), sample_min), filter_kw, index, direct)
-        _run_selects(device, rows, selects, logits, starts, lens, out, cand32, counts, thr, ctl, wpos, stats_arg,
-                     stride_lm, sample_min, direct)
+            _SAMPLE(rows, (logits, starts, lens, thr, tcol, thr2, counts, wpos, ctl, rows, stride_lm, sample_min),
+                    sample_kw, index, direct)
+        units = _programs(device, rows * filter_kw["SL"], programs_per_sm)
+        filter_args = (logits, starts, lens, buf, cand32, counts, thr, tcol, thr2, out, ctl, wpos, stats_arg, rows,
+                       stride_lm, out.stride(0), sample_min)
+        _FILTER(units, filter_args, filter_kw, index, direct)
+        if retry_kw is not None:
+            _FILTER(units, filter_args, retry_kw, index, direct)
+        # a split row's candidates reach down to its retry's threshold, whether it retried or not
+        _run_selects(device, rows, selects, logits, starts, lens, out, cand32, counts,
+                     thr if retry_kw is None else thr2, ctl, wpos, stats_arg, stride_lm, sample_min, direct)
