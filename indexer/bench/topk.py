@@ -223,9 +223,10 @@ def distributions(args: argparse.Namespace, device: torch.device, bw: float | No
     k = args.topk
     out_rows: list[dict] = []
     cols = [("dist", "logits", "s"), ("N", "keys N", "d"), ("M", "rows M", "d"), ("method", "top-k", "s"),
-            ("ms", "ms", ".3f"), ("queued_ms", "queued ms", ".3f"), ("speedup", "vs torch.topk", ".2f"),
-            ("floor_ms", "floor ms", ".3f"), ("x_floor", "x floor", ".2f"), ("over_floor_us", "over floor us", ".0f"),
-            ("same", "same set", ".0%"), ("note", "paths", "s")]
+            ("ms", "ms", ".3f"), ("queued_ms", "queued ms", ".3f"), ("graph_ms", "graph ms", ".3f"),
+            ("speedup", "vs torch.topk", ".2f"), ("graph_speedup", "graph vs torch.topk", ".2f"),
+            ("floor_ms", "floor ms", ".3f"), ("x_floor", "x floor", ".2f"), ("x_floor_graph", "graph x floor", ".2f"),
+            ("over_floor_graph_us", "graph over floor us", ".0f"), ("same", "same set", ".0%"), ("note", "paths", "s")]
     todo = [(name, n, m) for n in int_list(args.context) for m in int_list(args.dist_rows) for name in names
             if m * n * 4 <= args.max_gib * 2**30]
     for i, (name, n, m) in enumerate(todo):
@@ -241,8 +242,8 @@ def distributions(args: argparse.Namespace, device: torch.device, bw: float | No
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     bw_text = f", copy bandwidth {bw / 1e9:.2f} TB/s" if bw else ""
     print(f"bench topk --dist: topk={k}, whole-row windows, on {device} ({name}){bw_text}, median of {args.repeats} "
-          f"(ms: a synchronize around each call; queued: back to back); same set: {args.check_rows} rows checked "
-          "against the torch path (lowest-index ties)")
+          f"(ms: a synchronize around each call; queued: back to back; graph: replayed from a CUDA graph, device time "
+          f"alone); same set: {args.check_rows} rows checked against the torch path (lowest-index ties)")
     print(table(out_rows, cols))
     return out_rows
 
@@ -268,12 +269,15 @@ def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float
     def add(method, fn, note="", same=True):
         ms = median_ms(fn, device, warmup=1, repeats=args.repeats)
         queued = queued_median_ms(fn, device, warmup=1, repeats=args.repeats)
+        graph = graph_ms(fn, device, args.repeats)
         out.fill_(-2)
         fn()
-        r = dict(base, method=method, ms=ms, queued_ms=queued, note=note,
+        r = dict(base, method=method, ms=ms, queued_ms=queued, graph_ms=graph, note=note,
                  same=_same(out[check], ref) if same else None)
         if floor:
             r.update(x_floor=ms / floor, over_floor_us=(ms - floor) * 1e3)
+            if graph is not None:
+                r.update(x_floor_graph=graph / floor, over_floor_graph_us=(graph - floor) * 1e3)
         out_rows.append(r)
         return r
 
@@ -293,6 +297,27 @@ def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float
         found.append(add(label, lambda fn=fn: fn(logits, starts, lengths, k, out)))
     for r in [torch_row, *found]:
         r["speedup"] = torch_row["ms"] / r["ms"]
+        if r.get("graph_ms") and torch_row.get("graph_ms"):
+            r["graph_speedup"] = torch_row["graph_ms"] / r["graph_ms"]
+
+
+def graph_ms(fn, device: torch.device, repeats: int) -> float | None:
+    """Median device time of ``fn`` replayed from a CUDA graph (no host work in it), or None
+    off CUDA or where ``fn`` cannot be captured."""
+    if device.type != "cuda":
+        return None
+    try:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+    except RuntimeError:
+        return None
+    return queued_median_ms(g.replay, device, warmup=1, repeats=repeats)
 
 
 def _late_chunk_problem(args: argparse.Namespace, device: torch.device, n: int):
