@@ -566,12 +566,15 @@ def test_presampled_thresholds_select_the_same_sets(kw):
     assert stats[T.STAT_SAMPLED] >= 7, stats
 
 
+@pytest.mark.parametrize("pieces", [16, 8])
 @pytest.mark.parametrize("topk,road", [(16, T.STAT_SAMPLED), (100, T.STAT_PLAIN)])
-def test_presampled_second_threshold_serves_an_unlucky_sample(topk, road):
-    # the sample kernel's threshold lets r < k keys through; the filter's retry (2r) enough
-    # for k=16 only
+def test_presampled_second_threshold_serves_an_unlucky_sample(topk, road, pieces):
+    # the sample kernel's threshold lets r < k keys through; the filter's retry (twice the
+    # sigmas) enough for k=16 only. pieces=8: the filter's own sample is half the sample
+    # kernel's, which then gives the retry's threshold too
     vals, starts, lengths = _unlucky_rows()
-    stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=4096, pieces=16, presample=True, **SMALL_ROAD)
+    stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=4096, pieces=pieces, presample=True,
+                   **SMALL_ROAD)
     assert stats[road] == 3, stats
 
 
@@ -614,7 +617,7 @@ def test_sample_kernel_tile_holds_the_filters_sample(slices):
         ctl = torch.full((6,), -5, dtype=torch.int32, device=DEVICE)
         thr2 = torch.zeros(2 * len(lens), dtype=torch.int32, device=DEVICE)
         T._sample_kernel[(len(lens),)](logits, starts, lens.to(DEVICE), t, tcol, thr2, cnt, wpos, ctl, len(lens),
-                                       logits.stride(0), 0, K=8, NP=np_, PIECE=piece, SPARSE=sparse, SIGMAS=4.0, SLACK=1 / 32, LOW_BIT=8,
+                                       logits.stride(0), 0, K=8, SECOND=True, NP=np_, PIECE=piece, SPARSE=sparse, SIGMAS=4.0, SLACK=1 / 32, LOW_BIT=8,
                                        DIRECT=8, SL=slices, num_warps=1)
         got.append((t, tcol, thr2))
         # the retry's threshold is deeper: at or below the first

@@ -683,6 +683,7 @@ if triton is not None:
         PRESAMPLE: tl.constexpr,
         WB: tl.constexpr,
         RETRY: tl.constexpr,
+        SECOND: tl.constexpr,
     ):
         """Rows longer than ``DIRECT`` (and at least ``sample_min``): the threshold
         ``(thr[row], tcol[row])`` (:func:`_sample_cut`) and the keys at or above it in lists
@@ -698,9 +699,10 @@ if triton is not None:
         SM. ``DYNAMIC``: a program takes its next row (or slice) from the counter ``ctl[0]``
         (zeroed by the caller), so programs that run end together and programs the SM could
         not hold at once find no work left; otherwise ``pid, pid + nprog, ...``.
-        ``PRESAMPLE``: the thresholds come from :func:`_sample_kernel` (a second, deeper one
-        at ``thr2``/``thr2 + rows`` for the rare retry), so that no program stops streaming
-        for a sample's search. A whole row's program retries itself; split rows retry in a
+        ``PRESAMPLE``: the first threshold comes from :func:`_sample_kernel`, so that no
+        program stops streaming for a sample's search; ``SECOND``: so does the rare retry's,
+        deeper (at ``thr2``/``thr2 + rows``), where that kernel's sample is larger than this
+        one's. A whole row's program retries itself; split rows retry in a
         second launch (``RETRY``, after the first has counted every row): where fewer than
         ``K`` keys passed, each slice appends the keys between the deeper threshold and the
         first (the keys above the first are in the list already)."""
@@ -736,7 +738,7 @@ if triton is not None:
                         # too few keys passed (rare): once more, twice as many sigmas deep into
                         # the sample (read again, so that it is not held in registers through
                         # the pass)
-                        if PRESAMPLE:
+                        if SECOND:
                             t = tl.load(thr2_ptr + row)
                             tc = tl.load(thr2_ptr + rows + row)
                         else:
@@ -813,10 +815,12 @@ if triton is not None:
         LOW_BIT: tl.constexpr,
         DIRECT: tl.constexpr,
         SL: tl.constexpr,
+        SECOND: tl.constexpr,
     ):
         """The filter kernel's threshold ``(thr[row], tcol[row])`` of row ``program_id`` (if
         it filters the row), at its sample's rank (:func:`_run_rank`, :func:`_sample_cut`),
-        and the retry's, twice as many sigmas deep, at ``(thr2[row], thr2[rows + row])``.
+        and with ``SECOND`` the retry's, twice as many sigmas deep, at ``(thr2[row],
+        thr2[rows + row])`` (a looser search: any key near that rank serves).
         ``NP`` (runs at most) may exceed the filter's, so that long rows get a sample as large
         as ``SPARSE`` asks (up to a tile's worth), or be smaller where no row has more runs
         (:func:`_sample_runs`): the same sample, a smaller tile. It also zeroes the counters
@@ -840,12 +844,14 @@ if triton is not None:
             t, tc = _sample_cut(skeys, sidx, _run_rank(K, s, length, SIGMAS, PIECE), length, spread, SLACK, LOW_BIT)
             tl.store(thr_ptr + row, t)
             tl.store(tcol_ptr + row, tc)
-            # the retry's, twice as many sigmas deep (a filter program's own sample of a long
-            # row is too small to place it well: at 2M keys each of its keys stands for 512)
-            t, tc = _sample_cut(skeys, sidx, _run_rank(K, s, length, 2 * SIGMAS, 2 * PIECE), length, spread, SLACK,
-                                LOW_BIT)
-            tl.store(thr2_ptr + row, t)
-            tl.store(thr2_ptr + rows + row, tc)
+            if SECOND:
+                # the retry's, twice as many sigmas deep (a filter program's own sample of a
+                # long row is too small to place it well: at 2M keys each of its keys stands
+                # for 512), within half its rank and 16 low bits: most searches end early
+                t, tc = _sample_cut(skeys, sidx, _run_rank(K, s, length, 2 * SIGMAS, 2 * PIECE), length, spread, 0.5,
+                                    16)
+                tl.store(thr2_ptr + row, t)
+                tl.store(thr2_ptr + rows + row, tc)
 
     @triton.jit
     def _defer(ctl_ptr, row):
@@ -1216,16 +1222,20 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
         SLACK=float(sample_slack), LOW_BIT=sample_low_bit, BALLOT=bool(ballot), DEPTH=prefetch,
         DYNAMIC=bool(dynamic), FUSED=bool(fused), STW=tile // num_warps, CH=fused_ch, PRESAMPLE=presample,
         WB=fused_wb, num_warps=num_warps, **dict(common, W=num_warps), CAP=cap, SL=slices, RETRY=False,
-        **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
-    # split rows retry in a launch of their own (rows strided over its programs)
-    retry_kw = LaunchKw(filter_kw, RETRY=True, DYNAMIC=False) if slices > 1 else None
+        SECOND=False, **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
     sample_kw = None
     if presample:
         # up to 16 warps, 32 keys a thread at SAMPLE_MAX
         runs = _sample_runs(n, piece, sparse, sample_max)
+        # the retry's threshold from the sample kernel where its sample is the larger (split
+        # rows have no filter program that sees the whole row to search one)
+        second = slices > 1 or runs > pieces
+        filter_kw = LaunchKw(filter_kw, SECOND=second)
         sample_kw = LaunchKw(K=topk, NP=runs, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
-                             SLACK=float(sample_slack), LOW_BIT=sample_low_bit, DIRECT=tile, SL=slices,
+                             SLACK=float(sample_slack), LOW_BIT=sample_low_bit, DIRECT=tile, SL=slices, SECOND=second,
                              num_warps=max(1, min(16, runs * piece // 1024)))
+    # split rows retry in a launch of their own (rows strided over its programs)
+    retry_kw = LaunchKw(filter_kw, RETRY=True, DYNAMIC=False) if slices > 1 else None
     selects = _select_launches(common, tile, cap, select_warps, fused, tile_write, select_maxnreg, ballot_write)
     return programs_per_sm, num_warps, cap, sample_kw, filter_kw, retry_kw, selects
 
