@@ -239,22 +239,24 @@ if triton is not None:
     def _warp_append(v, c, t, tcol, length, lists, room, CUT: tl.constexpr):
         """The filtering pass's step on NVIDIA (inline PTX): each key of ``v`` (float32 bits,
         columns ``c``) not below ``t`` (and, with ``CUT``, not equal to it at a column past
-        ``tcol``) goes to its warp's list at ``lists`` (int64 slots: value bits low, column
+        ``tcol``, a scalar) goes to its warp's list at ``lists`` (int64 slots: value bits low, column
         high), after the ``length`` (each element: its warp's list length) already there,
         while the slot is below ``room``; returns the new length. The compare, ranks, 8-byte
         store and count are one block of PTX: Triton's code for the same unmasked step took
         9 (4 warps) to 13 (8 warps) more SASS instructions a block under a 32-register cap
         (64-bit packing and addressing) and, at 8 warps, spilled in the loop (Triton 3.6,
         sm_90a). Four elements a thread (one rank a register, as :func:`_warp_ranks`)."""
-        # (a constexpr string must reach the asm call as it is, not through a local)
+        # (a constexpr string must reach the asm call as it is, not through a local; without
+        # the cut, no column operands: under the filter's 32-register cap they would spill)
         if CUT:
             return tl.inline_asm_elementwise(
                 _WARP_APPEND_CUT_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
-                [v, c, length, lists, t, room, tcol], dtype=tl.int32, is_pure=False, pack=4)
+                [v, c, length, lists, t, room, tcol + tl.zeros(v.shape, tl.int32)], dtype=tl.int32, is_pure=False,
+                pack=4)
         else:
             return tl.inline_asm_elementwise(
-                _WARP_APPEND_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
-                [v, c, length, lists, t, room, tcol], dtype=tl.int32, is_pure=False, pack=4)
+                _WARP_APPEND_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r",
+                [v, c, length, lists, t, room], dtype=tl.int32, is_pure=False, pack=4)
 
     @triton.jit
     def _shared_append(v, c, t, tcol, ctr, lists, room, CUT: tl.constexpr):
@@ -264,11 +266,12 @@ if triton is not None:
         if CUT:
             return tl.inline_asm_elementwise(
                 _SHARED_APPEND_CUT_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
-                [v, c, ctr, lists, t, room, tcol], dtype=tl.int32, is_pure=False, pack=4)
+                [v, c, ctr, lists, t, room, tcol + tl.zeros(v.shape, tl.int32)], dtype=tl.int32, is_pure=False,
+                pack=4)
         else:
             return tl.inline_asm_elementwise(
-                _SHARED_APPEND_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
-                [v, c, ctr, lists, t, room, tcol], dtype=tl.int32, is_pure=False, pack=4)
+                _SHARED_APPEND_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r",
+                [v, c, ctr, lists, t, room], dtype=tl.int32, is_pure=False, pack=4)
 
     @triton.jit
     def _write_out(obase, sel, value, wpos_ptr, taken, WB: tl.constexpr):
@@ -532,13 +535,12 @@ if triton is not None:
             # (floats travel as their bits: the PTX compares them as f32)
             vb = v.to(tl.int32, bitcast=True)
             tb = (tf + tl.zeros(v.shape, tl.float32)).to(tl.int32, bitcast=True)
-            tc = tcol + tl.zeros(v.shape, tl.int32)
             room = tl.full(v.shape, WCAP, tl.int32)
             if SHARED:
-                _shared_append(vb, c, tb, tc, ctr + tl.zeros(v.shape, tl.int32), lists, room, CUT)
+                _shared_append(vb, c, tb, tcol, ctr + tl.zeros(v.shape, tl.int32), lists, room, CUT)
                 return acc
             else:
-                return _warp_append(vb, c, tb, tc, acc, lists, room, CUT)
+                return _warp_append(vb, c, tb, tcol, acc, lists, room, CUT)
         sel = ~(v < tf)
         if CUT:
             sel = sel & ~((v == tf) & (c > tcol))
