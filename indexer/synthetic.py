@@ -139,7 +139,8 @@ def logits_like(name: str, rows: int, n: int, device: torch.device | str = "cpu"
     if name == "equal":
         return torch.ones(rows, n, device=dev)
     if name == "few_distinct":
-        return torch.randint(0, 8, (rows, n), generator=gen, device=dev).float()
+        # (drawn as float32: an int64 block first would take twice the logits' memory)
+        return torch.randint(0, 8, (rows, n), generator=gen, device=dev, dtype=torch.float32)
     if name in ("ascending", "descending"):
         ramp = torch.arange(n, device=dev, dtype=torch.float32) / max(n, 1)
         return (ramp if name == "ascending" else 1.0 - ramp).expand(rows, n).contiguous()

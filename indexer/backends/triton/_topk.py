@@ -4,20 +4,31 @@ For each row it reads only the row's own window ``[start, start + length)`` of a
 row-padded, non-contiguous) float32 logits block and writes the ``k`` row-relative indices
 of its largest values, ``-1`` padded, unordered. Every value maps to an order-preserving
 32-bit key (NaNs above everything, ``-0.0`` equal to ``0.0``); selection counts keys, it
-never sorts. Two kernels (three with ``presample``):
+never sorts. Three or four kernels (docs/topk.md walks through them with measurements):
 
-*Filter* (persistent; rows longer than the select tile, each program taking its next row
-from a shared counter where ``dynamic``). A sample of ``pieces`` runs of
-keys spread evenly over the row (1/``sparse`` of it, up to ``pieces * piece`` keys) gives
-a threshold ``t`` that the row's k-th key reaches unless the sample is unlucky by about
-``sigmas`` standard deviations. One pass over the row then appends every key ``>= t``
-(value and column) to a per-warp list, ``prefetch`` blocks in flight: on NVIDIA a warp
-places its keys with a ballot and a popcount (inline PTX; a row's whole blocks go through
-one PTX step, compare to store, :func:`_warp_append`), so the pass needs no block-wide
-scan; elsewhere (AMD, the CPU interpreter) a per-warp-row ``tl.cumsum`` does the same. If
-fewer than k keys pass, the pass runs once more with a sample threshold twice as deep.
-(``presample=True``, the sm90 default: the first threshold comes from a *sample* kernel run
-before, one program a row, so the filter kernel only streams.)
+*Sample* (``presample=True``, the sm90 default and always for split rows; one program a
+row). Runs of ``piece`` adjacent keys (64 bytes), one run every ``sparse * piece`` keys,
+spread evenly over the row (at most ``SAMPLE_MAX`` keys) give a threshold that the row's
+k-th key reaches unless the sample is off by ``sigmas`` standard deviations, and at least
+a run deeper than the sample's share of the top k (:func:`_run_rank`: where a row's
+largest keys are adjacent, a ramp, its first runs hold them all). The threshold is a key
+*and a column* (:func:`_sample_cut`): where many sampled keys equal the threshold's (equal
+values, a flat row, exact zeros) the filter keeps the keys equal to it only up to a
+column, placed as the sample places the rank, so a tie of any size lets about as many keys
+through as distinct values would, and the lowest-column ties, which the tie rule selects,
+are among them. With a sample larger than the filter's own it also gives the retry's
+threshold, twice the sigmas deep.
+
+*Filter* (persistent, each program taking its next row from a shared counter where
+``dynamic``). One pass over the row appends every key at or above the threshold (value and
+column) to a per-warp list, ``prefetch`` blocks in flight: on NVIDIA a warp places its keys
+with a ballot and a popcount (inline PTX; a row's whole blocks go through one PTX step,
+compare to store, :func:`_warp_append`), so the pass needs no block-wide scan; elsewhere
+(AMD, the CPU interpreter) a per-warp-row ``tl.cumsum`` does the same. If fewer than k keys
+pass, the pass runs once more with the retry's threshold. Few long rows (``slices``,
+:func:`auto_slices`) are split into slices of whole blocks, a program each, all appending
+to the row's one list by an atomic counter (:func:`_shared_append`); such rows retry in a
+launch of their own that appends only the keys between the two thresholds.
 
 *Select* (one program per row). The candidates (or the whole row, when it fits the tile)
 sit in registers; the k-th key is found by regula falsi on counts (``count(key >= x) >=
@@ -25,19 +36,19 @@ k``, :func:`_kth_key`), each step one compare per key and one block reduction, b
 threshold and the largest candidate, ending once exactly k keys reach the bound or the
 bound is the k-th key itself. Ties at the k-th key go to the lowest columns (a bit search,
 :func:`_search`, on the columns of the tied keys), the rule of the torch path, so both
-select the same set. The selected
-indices are written at a scan's positions, or (``ballot_write=True``, NVIDIA, the sm90
-default) at slots a warp ballot and one atomic add a warp on a per-row counter give. A row whose
-per-warp lists overflow the first tile is queued for a second launch with a tile as large
-as the lists (``SECOND_PROGRAMS_PER_SM`` programs an SM pulling rows from the queue: a
-launch with an empty queue costs a load a program). (``fused=True`` runs the first select
-inside the filter kernel instead, leaving ties at the k-th key and the plain road to the
-second launch; on an H200 it measured slower.)
+select the same set. The selected indices are written at a scan's positions, or
+(``ballot_write=True``, NVIDIA, the sm90 default) at slots a warp ballot and one atomic add
+a warp on a per-row counter give. A row whose lists overflow the first tile is queued for a
+second launch with a tile as large as the lists (``SECOND_PROGRAMS_PER_SM`` programs an SM
+pulling rows from the queue: a launch with an empty queue costs a load a program).
+(``fused=True`` runs the first select inside the filter kernel instead, leaving ties at the
+k-th key and the plain road to the second launch; on an H200 it measured slower.)
 
-Rows the sampled road cannot serve (still too few candidates, or more than a list holds:
-a huge tie at ``t``) take the plain road: a radix select over the whole row, ``radix_bits``
-a pass, and an ordered write. Both roads are exact. Triton is imported lazily;
-:func:`~._kernels.is_available` reports whether it is there.
+Rows the sampled road cannot serve (still too few candidates after the retry, or more than
+the lists hold: a sample that misses a stretch of large keys) take the plain road: a radix
+select over the whole row by one program, ``radix_bits`` a pass, and an ordered write. Every
+road is exact. Triton is imported lazily; :func:`~._kernels.is_available` reports whether
+it is there.
 """
 
 from __future__ import annotations
