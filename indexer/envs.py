@@ -130,9 +130,9 @@ TOPK = _declare(
         "Top-k kernel of the deepgemm and triton backends (and aiter where AITER has none): "
         "'torch' (torch.topk, lowest-index ties) or 'triton' (our sampled-threshold kernel that "
         "reads each row's window only; same tie rule, same sets). 'triton' by default on "
-        "NVIDIA, where it measured 4.9-12.2x faster than torch.topk at 16K-256K keys (5.5-12.5x in "
-        "device time; H200, docs/benchmarks.md), falling back to 'torch' where Triton cannot run; 'torch' "
-        "elsewhere until measured. The torch backend always uses torch.topk: it is the reference.",
+        "NVIDIA (measured against torch.topk in docs/benchmarks.md), falling back to 'torch' where "
+        "Triton cannot run; 'torch' elsewhere until measured. The torch backend always uses "
+        "torch.topk: it is the reference.",
         choices=("torch", "triton"),
         per_platform=True,
         platform_defaults={"cuda": "triton"},
