@@ -617,8 +617,8 @@ def test_sample_kernel_tile_holds_the_filters_sample(slices):
         ctl = torch.full((6,), -5, dtype=torch.int32, device=DEVICE)
         thr2 = torch.zeros(2 * len(lens), dtype=torch.int32, device=DEVICE)
         T._sample_kernel[(len(lens),)](logits, starts, lens.to(DEVICE), t, tcol, thr2, cnt, wpos, ctl, len(lens),
-                                       logits.stride(0), 0, K=8, SECOND=True, NP=np_, PIECE=piece, SPARSE=sparse, SIGMAS=4.0, SLACK=1 / 32, LOW_BIT=8,
-                                       DIRECT=8, SL=slices, num_warps=1)
+                                       logits.stride(0), 0, K=8, SECOND=True, NP=np_, PIECE=piece, SPARSE=sparse,
+                                       SIGMAS=4.0, SLACK=1 / 32, LOW_BIT=8, DIRECT=8, SL=slices, num_warps=1)
         got.append((t, tcol, thr2))
         # the retry's threshold is deeper: at or below the first
         sampled = lens.to(DEVICE) > 8
