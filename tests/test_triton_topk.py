@@ -289,6 +289,32 @@ def test_split_rows_retry_in_a_second_launch(slices, topk, road):
     assert stats[road] == 3, stats
 
 
+@pytest.mark.parametrize("slack", [1 / 32, 4.0])
+def test_split_rows_whose_first_search_stops_early(slack):
+    # a wide sample slack stops the first threshold's search early, below where the retry's
+    # (looser) search ends: the retry's must still be at or below it, since a split row's
+    # select takes it as the least of its candidates (review finding: rows came back short,
+    # counted as sampled)
+    n = 2048
+    col = torch.arange(n)
+    g = torch.Generator().manual_seed(4)
+    vals = torch.rand(3, n, generator=g) - 10.0
+    vals[:, (col // 8) % 4 == 0] += 20.0
+    starts = torch.zeros(3, dtype=torch.int64)
+    lengths = torch.full((3,), n, dtype=torch.int64)
+    _check(vals.to(DEVICE), vals, starts, lengths, 100, cap=4096, slices=2, sample_slack=slack, **SMALL_ROAD)
+
+
+def test_fused_select_keeps_whole_rows_where_rows_would_be_split(monkeypatch):
+    # few long rows on a GPU would be split (auto_slices > 1); a fused select asked for takes
+    # whole rows instead of refusing the call
+    monkeypatch.setattr(T, "auto_slices", lambda *args: 4)
+    logits, masked, starts, lengths = _case(4, 3000, 24, seed=9, pad=3, min_length=1000)
+    _check(logits, masked, starts, lengths, 24, cap=512, fused=True, **SMALL_ROAD)
+    with pytest.raises(ValueError, match="fused"):
+        _check(logits, masked, starts, lengths, 24, cap=512, fused=True, slices=4, **SMALL_ROAD)
+
+
 def test_split_rows_take_their_threshold_from_the_sample_kernel():
     # slices > 1 runs the sample kernel whatever presample says, and refuses the fused select
     assert T.ragged_topk is not None

@@ -626,9 +626,11 @@ if triton is not None:
         total = tl.full((), 0, tl.int32)
         if not SHARED:
             tl.store(cnt_row + wid, acc)  # all of a warp's elements agree
-            # the counts were written by other threads of this program
+            # the counts were written by other threads of this program; and every thread has
+            # read them before any starts a retry's pass, which rewrites them
             tl.debug_barrier()
             total = tl.sum(tl.load(cnt_row + wr), axis=0)
+            tl.debug_barrier()
         return total
 
     @triton.jit
@@ -861,10 +863,13 @@ if triton is not None:
                 # the retry's, twice as many sigmas deep (a filter program's own sample of a
                 # long row is too small to place it well: at 2M keys each of its keys stands
                 # for 512), within half its rank and 16 low bits: most searches end early
-                t, tc = _sample_cut(skeys, sidx, _run_rank(K, s, length, 2 * SIGMAS, 2 * PIECE), length, spread, 0.5,
-                                    16)
-                tl.store(thr2_ptr + row, t)
-                tl.store(thr2_ptr + rows + row, tc)
+                t2, tc2 = _sample_cut(skeys, sidx, _run_rank(K, s, length, 2 * SIGMAS, 2 * PIECE), length, spread,
+                                      0.5, 16)
+                # never above the first: the two searches stop at different slacks, and a split
+                # row's select takes this one as the least of its candidates
+                above = (t2 > t) | ((t2 == t) & (tc2 < tc))
+                tl.store(thr2_ptr + row, tl.where(above, t, t2))
+                tl.store(thr2_ptr + rows + row, tl.where(above, tc, tc2))
 
     @triton.jit
     def _defer(ctl_ptr, row):
@@ -1438,7 +1443,10 @@ def ragged_topk(
     config = launch_config(device)
     cfg = tuple(zip(config.keys(), map(type, config.values()), config.values()))
     if slices is None:
-        slices = auto_slices(device, rows, n, config["programs_per_sm"] if programs_per_sm is None else programs_per_sm)
+        # (a fused select needs whole rows)
+        fused_on = config["fused"] if fused is None else fused
+        slices = 1 if fused_on is True else auto_slices(
+            device, rows, n, config["programs_per_sm"] if programs_per_sm is None else programs_per_sm)
     programs_per_sm, num_warps, cap, sample_kw, filter_kw, retry_kw, selects = _plan(
         device, cfg, topk, n, block, filter_block, num_warps, programs_per_sm, select_warps, tile, ballot, fused,
         prefetch, tile_write, filter_maxnreg, select_maxnreg, dynamic, presample, ballot_write, radix_bits, pieces,
