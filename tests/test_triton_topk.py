@@ -329,6 +329,24 @@ def test_split_rows_take_their_threshold_from_the_sample_kernel():
     assert sample_kw is None and retry_kw is None and filter_kw["SL"] == 1
 
 
+def test_rows_past_the_filters_sample_take_the_sample_kernel():
+    # a config without presample (the default off NVIDIA) still runs the sample kernel for
+    # rows longer than the filter's own sample covers at one key in 32 (256 runs of 16 keys:
+    # 128K keys), which then gives the retry's threshold too; asked for explicitly, off stays off
+    cfg = tuple((key, type(value), value) for key, value in T.DEFAULT_CONFIG.items())
+
+    def plan(n, presample=None):
+        return T._plan(torch.device("cpu"), cfg, 2048, n, None, None, None, None, None, None, None, None, None, None,
+                       None, None, None, presample, None, T.RADIX_BITS, None, T.PIECE, T.SPARSE, T.SIGMAS, None, 8,
+                       T.SAMPLE_SLACK, False)
+
+    assert not T.DEFAULT_CONFIG["presample"]
+    _, _, _, sample_kw, filter_kw, _, _ = plan(1 << 20)
+    assert sample_kw is not None and filter_kw["PRESAMPLE"] and filter_kw["SECOND"]
+    assert plan(1 << 17)[3] is None
+    assert plan(1 << 20, presample=False)[3] is None
+
+
 def test_auto_slices_split_only_few_long_rows_on_a_gpu():
     assert T.auto_slices(torch.device("cpu"), 1, 1 << 21, 16) == 1
     if DEVICE == "cuda":

@@ -6,8 +6,8 @@ of its largest values, ``-1`` padded, unordered. Every value maps to an order-pr
 32-bit key (NaNs above everything, ``-0.0`` equal to ``0.0``); selection counts keys, it
 never sorts. Three or four kernels (docs/topk.md walks through them with measurements):
 
-*Sample* (``presample=True``, the sm90 default and always for split rows; one program a
-row). Runs of ``piece`` adjacent keys (64 bytes), one run every ``sparse * piece`` keys,
+*Sample* (``presample=True``: the sm90 default, and always for split rows and for rows
+longer than the filter's own sample covers; one program a row). Runs of ``piece`` adjacent keys (64 bytes), one run every ``sparse * piece`` keys,
 spread evenly over the row (at most ``SAMPLE_MAX`` keys) give a threshold that the row's
 k-th key reaches unless the sample is off by ``sigmas`` standard deviations, and at least
 a run deeper than the sample's share of the top k (:func:`_run_rank`: where a row's
@@ -1166,6 +1166,7 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
     tile_write = cfg["tile_write"] if tile_write is None else tile_write
     select_maxnreg = cfg["select_maxnreg"] if select_maxnreg is None else select_maxnreg
     dynamic = cfg["dynamic"] if dynamic is None else dynamic
+    presample_given = presample is not None
     presample = cfg["presample"] if presample is None else presample
     ballot_write = cfg["ballot_write"] if ballot_write is None else ballot_write
     if not (_int(slices) and _pow2(slices) and slices <= MAX_SLICES):
@@ -1231,6 +1232,10 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
     if ballot_write and not _nvidia(device):
         raise ValueError(f"ballot_write=True needs an NVIDIA GPU, got {device}")
     ballot = _ballot_ok(device, num_warps, filter_block) if ballot is None else ballot
+    if not (presample_given or presample or fused) and _sample_runs(n, piece, sparse, sample_max) > pieces:
+        # rows longer than the filter's own sample serves (one key in `sparse`): the sample
+        # kernel's larger one, whatever the config (its threshold and the retry's)
+        presample = True
     # a split row's programs append to one list a row; a whole row's, one list a warp
     lists = 1 if slices > 1 else num_warps
     common = _select_common(topk, lists, cap, tile, block, radix_bits, has_stats)
