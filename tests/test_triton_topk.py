@@ -289,6 +289,32 @@ def test_split_rows_retry_in_a_second_launch(slices, topk, road):
     assert stats[road] == 3, stats
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(presample=True), dict(slices=2), dict(slices=4)])
+def test_retried_rows_are_counted_with_a_fifth_stats_entry(kw):
+    # the unlucky rows retry (exactly r keys reach the first threshold, fewer than k=16);
+    # the other rows of the block do not; four entries count no retries
+    n = 2048
+    col = torch.arange(n)
+    g = torch.Generator().manual_seed(12)
+    vals = torch.randn(6, n, generator=g)
+    vals[:3] = torch.rand(3, n, generator=g) - 10.0
+    vals[:3, (col // 8) % 4 == 0] += 20.0
+    starts = torch.zeros(6, dtype=torch.int64)
+    lengths = torch.full((6,), n, dtype=torch.int64)
+    out = torch.empty(6, 16, dtype=torch.int32, device=DEVICE)
+    for entries, retried in ((5, 3), (4, None)):
+        stats = torch.zeros(entries, dtype=torch.int32, device=DEVICE)
+        T.ragged_topk(vals.to(DEVICE), starts.to(DEVICE), lengths.to(DEVICE), 16, out, stats=stats, cap=4096,
+                      **dict(SMALL_ROAD, **kw))
+        stats = stats.cpu().tolist()
+        assert sum(stats[:4]) == 6 and stats[T.STAT_SAMPLED] == 6, stats
+        if retried is not None:
+            assert stats[T.STAT_RETRIED] == retried, stats
+    want = torch.empty(6, 16, dtype=torch.int32)
+    row_topk(vals, starts, lengths, 16, want)
+    assert torch.equal(out.cpu().sort(1).values, want.sort(1).values)
+
+
 @pytest.mark.parametrize("slack", [1 / 32, 4.0])
 def test_split_rows_whose_first_search_stops_early(slack):
     # a wide sample slack stops the first threshold's search early, below where the retry's

@@ -284,11 +284,12 @@ def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float
     vals = torch.empty(m, k, dtype=torch.float32, device=device)
     idx = torch.empty(m, k, dtype=torch.int64, device=device)
     torch_row = add("torch.topk", lambda: torch.topk(logits, k, dim=1, out=(vals, idx)), same=False)
-    stats = torch.zeros(4, dtype=torch.int32, device=device)
+    stats = torch.zeros(5, dtype=torch.int32, device=device)
     T.ragged_topk(logits, starts, lengths, k, out, stats=stats)
     s = stats.tolist()
     slices = T.auto_slices(device, m, n, T.launch_config(device)["programs_per_sm"])
-    note = (f"sampled {s[T.STAT_SAMPLED] / m:.0%}, plain {s[T.STAT_PLAIN]}, whole-row {s[T.STAT_DIRECT]}"
+    note = (f"sampled {s[T.STAT_SAMPLED] / m:.0%}, plain {s[T.STAT_PLAIN]}, whole-row {s[T.STAT_DIRECT]}, "
+            f"retried {s[T.STAT_RETRIED]}"
             + (f"; {slices} programs a row" if slices > 1 else ""))
     found = [add("triton", lambda: T.ragged_topk(logits, starts, lengths, k, out), note)]
     if slices > 1:

@@ -7,8 +7,9 @@ of its largest values, ``-1`` padded, unordered. Every value maps to an order-pr
 never sorts. Three or four kernels (docs/topk.md walks through them with measurements):
 
 *Sample* (``presample=True``: the sm90 default, and always for split rows and for rows
-longer than the filter's own sample covers; one program a row). Runs of ``piece`` adjacent keys (64 bytes), one run every ``sparse * piece`` keys,
-spread evenly over the row (at most ``SAMPLE_MAX`` keys) give a threshold that the row's
+longer than the filter's own sample covers; one program a row). Runs of ``piece``
+adjacent keys (64 bytes), one run every ``sparse * piece`` keys, spread evenly over the
+row (at most ``SAMPLE_MAX`` keys) give a threshold that the row's
 k-th key reaches unless the sample is off by ``sigmas`` standard deviations, and at least
 a run deeper than the sample's share of the top k (:func:`_run_rank`: where a row's
 largest keys are adjacent, a ramp, its first runs hold them all). The threshold is a key
@@ -95,8 +96,10 @@ SECOND_PROGRAMS_PER_SM = 2
 MAX_SLICES, SLICE_MIN = 64, 16384
 #: Counters of :func:`ragged_topk`'s ``stats``: rows listed whole (at most k keys), rows
 #: selected from sampled candidates, rows that took the plain radix select, rows selected
-#: on the row itself (longer than k, within the select tile).
-STAT_SHORT, STAT_SAMPLED, STAT_PLAIN, STAT_DIRECT = 0, 1, 2, 3
+#: on the row itself (longer than k, within the select tile); these four count each row
+#: once. With a fifth entry, rows filtered a second time (the retry, fewer than k keys
+#: through the first threshold), whichever road then served them.
+STAT_SHORT, STAT_SAMPLED, STAT_PLAIN, STAT_DIRECT, STAT_RETRIED = 0, 1, 2, 3, 4
 
 def _ballot_ranks_ptx(first: int, threshold: int | None = None, cols: int | None = None) -> str:
     """PTX shared by the ballot helpers: from the four flags ``$first .. $first + 3`` (nonzero:
@@ -699,6 +702,7 @@ if triton is not None:
         WB: tl.constexpr,
         RETRY: tl.constexpr,
         SECOND: tl.constexpr,
+        RETRIES: tl.constexpr,
     ):
         """Rows longer than ``DIRECT`` (and at least ``sample_min``): the threshold
         ``(thr[row], tcol[row])`` (:func:`_sample_cut`) and the keys at or above it in lists
@@ -753,6 +757,8 @@ if triton is not None:
                         # too few keys passed (rare): once more, twice as many sigmas deep into
                         # the sample (read again, so that it is not held in registers through
                         # the pass)
+                        if RETRIES:
+                            tl.atomic_add(stats_ptr + 4, 1)
                         if SECOND:
                             t = tl.load(thr2_ptr + row)
                             tc = tl.load(thr2_ptr + rows + row)
@@ -784,6 +790,8 @@ if triton is not None:
                         if tl.atomic_add(done, 1) == SL - 1:
                             if tl.atomic_add(cnt_ptr + row, 0) < K:
                                 tl.store(done, SL + 1)
+                                if RETRIES:
+                                    tl.atomic_add(stats_ptr + 4, 1)
             if FUSED:
                 # one thread stored the threshold; every thread of the select reads it
                 tl.debug_barrier()
@@ -1145,7 +1153,7 @@ def _write_chunk(slots: int, warps: int, tile_write: bool, ballot_write: bool) -
 def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_block, num_warps, programs_per_sm,
           select_warps, tile, ballot, fused, prefetch, tile_write, filter_maxnreg, select_maxnreg, dynamic,
           presample, ballot_write, radix_bits, pieces, piece, sparse, sigmas, cap, sample_low_bit, sample_slack,
-          has_stats, slices=1, sample_max=SAMPLE_MAX) -> tuple:
+          has_stats, slices=1, sample_max=SAMPLE_MAX, count_retries=False) -> tuple:
     """:func:`ragged_topk`'s options (``cfg``: :func:`launch_config`'s items as (key, type,
     value), so that a config value of 2.0 or True is not taken for 2 or 1) checked and
     turned into its launches' arguments, once per distinct call shape: ``(programs_per_sm,
@@ -1245,7 +1253,7 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
         SLACK=float(sample_slack), LOW_BIT=sample_low_bit, BALLOT=bool(ballot), DEPTH=prefetch,
         DYNAMIC=bool(dynamic), FUSED=bool(fused), STW=tile // num_warps, CH=fused_ch, PRESAMPLE=presample,
         WB=fused_wb, num_warps=num_warps, **dict(common, W=num_warps), CAP=cap, SL=slices, RETRY=False,
-        SECOND=False, **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
+        SECOND=False, RETRIES=bool(count_retries), **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
     sample_kw = None
     if presample:
         # up to 16 warps, 32 keys a thread at SAMPLE_MAX
@@ -1273,11 +1281,11 @@ def _sample_runs(n: int, piece: int, sparse: int, sample_max: int) -> int:
 def _check_stats(stats: torch.Tensor | None, device: torch.device) -> None:
     """Refuse a ``stats`` argument the kernels cannot count into: it must be None or a
     contiguous int32 tensor of at least 4 entries on ``device`` (the kernels add at fixed
-    offsets from its start, past a strided view's elements)."""
+    offsets from its start, past a strided view's elements; a fifth counts retried rows)."""
     if stats is not None and (stats.numel() < 4 or stats.dtype != torch.int32 or stats.device != device
                               or not stats.is_contiguous()):
-        raise ValueError(f"stats must be a contiguous int32 tensor of 4 entries on {device}, got {stats.dtype} "
-                         f"{list(stats.shape)} on {stats.device}")
+        raise ValueError(f"stats must be a contiguous int32 tensor of at least 4 entries on {device}, got "
+                         f"{stats.dtype} {list(stats.shape)} on {stats.device}")
 
 
 def _select_common(topk: int, lists: int, cap: int, direct: int, block: int, radix_bits: int, stats: bool) -> dict:
@@ -1410,8 +1418,9 @@ def ragged_topk(
         sample_slack: The sample threshold's search ends once at most ``rank * (1 +
             sample_slack)`` sampled keys reach it (``rank``: the depth ``sigmas`` sets):
             fewer counting steps, a few more candidates (0 to 64).
-        stats: Optional contiguous int32 ``[4]`` on the logits' device; the kernel adds each row to
-            one counter (``STAT_SHORT``, ``STAT_SAMPLED``, ``STAT_PLAIN``, ``STAT_DIRECT``).
+        stats: Optional contiguous int32 ``[4]`` or ``[5]`` on the logits' device; the kernel adds
+            each row to one counter (``STAT_SHORT``, ``STAT_SAMPLED``, ``STAT_PLAIN``,
+            ``STAT_DIRECT``) and, with a fifth entry, each retried row to ``STAT_RETRIED``.
         direct_launch: On NVIDIA, launch a kernel's compiled variant directly once Triton's
             JIT has chosen it for the arguments' specialization (:mod:`._launch`: less host
             time a call). ``None``: ``INDEXER_TRITON_DIRECT_LAUNCH`` (on by default).
@@ -1455,7 +1464,8 @@ def ragged_topk(
     programs_per_sm, num_warps, cap, sample_kw, filter_kw, retry_kw, selects = _plan(
         device, cfg, topk, n, block, filter_block, num_warps, programs_per_sm, select_warps, tile, ballot, fused,
         prefetch, tile_write, filter_maxnreg, select_maxnreg, dynamic, presample, ballot_write, radix_bits, pieces,
-        piece, sparse, sigmas, cap, sample_low_bit, sample_slack, stats is not None, slices, sample_max)
+        piece, sparse, sigmas, cap, sample_low_bit, sample_slack, stats is not None, slices, sample_max,
+        stats is not None and stats.numel() > STAT_RETRIED)
     # NVIDIA only: AMD's Triton also specializes on whether a tensor spans under 2 GB
     # (buffer ops), which the direct launches' key does not hold
     # (the flag is read, and so checked, everywhere)
