@@ -1,6 +1,6 @@
 """Logits and top-k in one pass over the keys: the ``[M, N]`` logits are never written.
 
-The stretch of issue 6. The Triton keys-major logits kernel (:mod:`._kernels`) computes
+The Triton keys-major logits kernel (:mod:`._kernels`) computes
 each logits tile in registers; here its epilogue keeps only the keys at or above a per-row
 threshold, as candidates (value and column) in per-row lists, the layout :mod:`._topk`'s
 select kernel reads. Three steps:

@@ -89,7 +89,7 @@ SEARCH_BISECT_AFTER, SEARCH_SPAN = 16, 1 << 24
 #: Programs an SM of the second select launch, each pulling queued rows (lists longer than
 #: the first launch's tile) until none is left: two overlap one's memory waits with the
 #: other's counting (H200, 256K keys, 1609 queued rows of 8192: 164 -> 110 us; four: the
-#: same as two; stop 18's probe32, docs/benchmarks.md).
+#: same as two; docs/benchmarks.md).
 SECOND_PROGRAMS_PER_SM = 2
 #: Split rows (``slices``): at most this many programs a row, each filtering at least
 #: ``SLICE_MIN`` keys of it.
@@ -1053,9 +1053,9 @@ TOPK_CONFIGS: dict[str, dict] = {
     # (filter_maxnreg applies to the filter that only streams: presample and not fused; at 32
     # registers the SM holds 64 warps of it and the PTX filter step's loops keep out of the
     # spills; at 8 warps Triton's step spilled there and ran 17-27% slower. 4 warps and 16
-    # programs an SM beat 8 and 8 by 3% at 64K-256K, stop 16's probe25. select_maxnreg caps
+    # programs an SM beat 8 and 8 by 3% at 64K-256K. select_maxnreg caps
     # the first select launch: at 80 registers more of its programs fit an SM, 201 -> 184 us
-    # at 64K and 128K; 72-104 within 1% of it at 256K, stop 18's probes 32 and 33)
+    # at 64K and 128K; 72-104 within 1% of it at 256K)
     "sm90": dict(num_warps=4, filter_block=512, programs_per_sm=16, select_warps=4, prefetch=2, dynamic=True,
                  presample=True, ballot_write=True, filter_maxnreg=32, select_maxnreg=80),
 }
