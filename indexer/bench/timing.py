@@ -55,6 +55,25 @@ def queued_median_ms(fn: Callable[[], object], device: torch.device, warmup: int
     return statistics.median(a.elapsed_time(b) for a, b in zip(events, events[1:]))
 
 
+def graph_ms(fn: Callable[[], object], device: torch.device, repeats: int = 5) -> float | None:
+    """Median device time of ``fn`` replayed from a CUDA graph (no host work in it), or None
+    off CUDA or where ``fn`` cannot be captured."""
+    if device.type != "cuda":
+        return None
+    try:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+    except RuntimeError:
+        return None
+    return queued_median_ms(g.replay, device, warmup=1, repeats=repeats)
+
+
 def host_ms(fn: Callable[[], object], device: torch.device, warmup: int = 2, calls: int = 20) -> float:
     """The host's time for one call of ``fn`` in milliseconds (mean of ``calls``). CUDA: a
     sleep kernel is queued first, so that the device is busy and no launch waits on it: the

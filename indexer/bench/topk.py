@@ -39,7 +39,7 @@ import os
 
 import torch
 
-from .timing import host_ms, int_list, median_ms, queued_median_ms, table
+from .timing import graph_ms, host_ms, int_list, median_ms, queued_median_ms, table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -300,25 +300,6 @@ def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float
         r["speedup"] = torch_row["ms"] / r["ms"]
         if r.get("graph_ms") and torch_row.get("graph_ms"):
             r["graph_speedup"] = torch_row["graph_ms"] / r["graph_ms"]
-
-
-def graph_ms(fn, device: torch.device, repeats: int) -> float | None:
-    """Median device time of ``fn`` replayed from a CUDA graph (no host work in it), or None
-    off CUDA or where ``fn`` cannot be captured."""
-    if device.type != "cuda":
-        return None
-    try:
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream(device).wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-    except RuntimeError:
-        return None
-    return queued_median_ms(g.replay, device, warmup=1, repeats=repeats)
 
 
 def _late_chunk_problem(args: argparse.Namespace, device: torch.device, n: int):

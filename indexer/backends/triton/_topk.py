@@ -536,10 +536,15 @@ if triton is not None:
             return a1, a2, a3, new
 
     @triton.jit
-    def _filter_block(v, c, hi, tf, t, tcol, lists, acc, ctr, WCAP: tl.constexpr, BALLOT: tl.constexpr,
+    def _at_or_above(v, c, tf, tcol):
+        # whether keys v (columns c) reach the threshold (tf, tcol) of _sample_cut (NaNs do)
+        return ~(v < tf) & ~((v == tf) & (c > tcol))
+
+    @triton.jit
+    def _filter_block(v, c, hi, tf, tcol, lists, acc, ctr, WCAP: tl.constexpr, BALLOT: tl.constexpr,
                       MASKED: tl.constexpr, SHARED: tl.constexpr, CUT: tl.constexpr):
         """One block of a filtering pass: its keys ``v`` (columns ``c``) at or above ``tf``
-        (the float of key ``t``; with ``CUT``, those equal to it only at columns up to
+        (a threshold key's float; with ``CUT``, those equal to it only at columns up to
         ``tcol``) appended to their list after the ``acc`` already there; returns the new
         ``acc``. ``BALLOT``: 1-D block, ``acc`` each element's warp's list length; else
         ``[W, BW]`` block, ``acc`` the ``[W]`` lengths. ``SHARED``: one list a row at
@@ -555,9 +560,10 @@ if triton is not None:
                 return acc
             else:
                 return _warp_append(vb, c, tb, tcol, acc, lists, room, CUT)
-        sel = ~(v < tf)
         if CUT:
-            sel = sel & ~((v == tf) & (c > tcol))
+            sel = _at_or_above(v, c, tf, tcol)
+        else:
+            sel = ~(v < tf)
         if MASKED:
             sel = sel & (c < hi)
         s32 = sel.to(tl.int32)
@@ -601,7 +607,6 @@ if triton is not None:
             off = tl.arange(0, STEP)
             acc = tl.zeros((STEP,), tl.int32)  # each element: its warp's list length
             if SHARED:
-                wid = off
                 lists = cand + tl.zeros((STEP,), tl.int32)
             else:
                 wid = _warp_id(off)
@@ -621,11 +626,11 @@ if triton is not None:
             c = c0 + off
             # the next blocks' loads go out before this block's stores
             v, ahead, ahead2, ahead3 = _shift_ahead(base, c, hi, ahead, ahead2, ahead3, STEP, DEPTH, False)
-            acc = _filter_block(v, c, hi, tf, t, tcol, lists, acc, cnt_row, WCAP, BALLOT, False, SHARED, CUT)
+            acc = _filter_block(v, c, hi, tf, tcol, lists, acc, cnt_row, WCAP, BALLOT, False, SHARED, CUT)
         for c0 in range(tl.maximum(unmasked_end, lo), hi, STEP):
             c = c0 + off
             v, ahead, ahead2, ahead3 = _shift_ahead(base, c, hi, ahead, ahead2, ahead3, STEP, DEPTH, True)
-            acc = _filter_block(v, c, hi, tf, t, tcol, lists, acc, cnt_row, WCAP, BALLOT, True, SHARED, CUT)
+            acc = _filter_block(v, c, hi, tf, tcol, lists, acc, cnt_row, WCAP, BALLOT, True, SHARED, CUT)
         total = tl.full((), 0, tl.int32)
         if not SHARED:
             tl.store(cnt_row + wid, acc)  # all of a warp's elements agree
@@ -645,11 +650,6 @@ if triton is not None:
         else:
             total = _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, W, BW, WCAP, BALLOT, DEPTH, SHARED, True)
         return total
-
-    @triton.jit
-    def _at_or_above(v, c, tf, tcol):
-        # whether keys v (columns c) reach the threshold (tf, tcol) of _sample_cut (NaNs do)
-        return ~(v < tf) & ~((v == tf) & (c > tcol))
 
     @triton.jit
     def _band_pass(base, lo, hi, cand, ctr, t_lo, tc_lo, t_hi, tc_hi, WCAP: tl.constexpr, BLOCK: tl.constexpr):
@@ -1240,10 +1240,15 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
     if ballot_write and not _nvidia(device):
         raise ValueError(f"ballot_write=True needs an NVIDIA GPU, got {device}")
     ballot = _ballot_ok(device, num_warps, filter_block) if ballot is None else ballot
-    if not (presample_given or presample or fused) and _sample_runs(n, piece, sparse, sample_max) > pieces:
-        # rows longer than the filter's own sample serves (one key in `sparse`): the sample
-        # kernel's larger one, whatever the config (its threshold and the retry's)
+    # the sample kernel's runs: enough for one key in `sparse` of the longest row, up to sample_max
+    runs = _sample_runs(n, piece, sparse, sample_max)
+    if not (presample_given or presample or fused) and runs > pieces:
+        # rows longer than the filter's own sample serves: the sample kernel's larger one,
+        # whatever the config (its threshold and the retry's)
         presample = True
+    # the retry's threshold from the sample kernel where its sample is the larger (split
+    # rows have no filter program that sees the whole row to search one)
+    second = presample and (slices > 1 or runs > pieces)
     # a split row's programs append to one list a row; a whole row's, one list a warp
     lists = 1 if slices > 1 else num_warps
     common = _select_common(topk, lists, cap, tile, block, radix_bits, has_stats)
@@ -1253,15 +1258,10 @@ def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_blo
         SLACK=float(sample_slack), LOW_BIT=sample_low_bit, BALLOT=bool(ballot), DEPTH=prefetch,
         DYNAMIC=bool(dynamic), FUSED=bool(fused), STW=tile // num_warps, CH=fused_ch, PRESAMPLE=presample,
         WB=fused_wb, num_warps=num_warps, **dict(common, W=num_warps), CAP=cap, SL=slices, RETRY=False,
-        SECOND=False, RETRIES=bool(count_retries), **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
+        SECOND=second, RETRIES=bool(count_retries), **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
     sample_kw = None
     if presample:
         # up to 16 warps, 32 keys a thread at SAMPLE_MAX
-        runs = _sample_runs(n, piece, sparse, sample_max)
-        # the retry's threshold from the sample kernel where its sample is the larger (split
-        # rows have no filter program that sees the whole row to search one)
-        second = slices > 1 or runs > pieces
-        filter_kw = LaunchKw(filter_kw, SECOND=second)
         sample_kw = LaunchKw(K=topk, NP=runs, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
                              SLACK=float(sample_slack), LOW_BIT=sample_low_bit, DIRECT=tile, SL=slices, SECOND=second,
                              num_warps=max(1, min(16, runs * piece // 1024)))
