@@ -23,39 +23,37 @@ import torch
 triton = pytest.importorskip("triton")
 
 
-def _has_amd_backend() -> bool:
+def _has_backend(name: str) -> bool:
     try:
         from triton.backends import backends
     except Exception:  # noqa: BLE001 - an older Triton layout: no backend registry
         return False
-    return "amd" in backends
+    return name in backends
 
 
-def _has_nvidia_backend() -> bool:
-    try:
-        from triton.backends import backends
-    except Exception:  # noqa: BLE001 - an older Triton layout: no backend registry
-        return False
-    return "nvidia" in backends
-
-
-amd = pytest.mark.skipif(not _has_amd_backend(), reason="this Triton has no AMD backend")
-nvidia = pytest.mark.skipif(not _has_nvidia_backend(), reason="this Triton has no NVIDIA backend")
+amd = pytest.mark.skipif(not _has_backend("amd"), reason="this Triton has no AMD backend")
+nvidia = pytest.mark.skipif(not _has_backend("nvidia"), reason="this Triton has no NVIDIA backend")
 
 #: Each architecture's fp8 (Triton's names): e4m3fnuz on MI300, e4m3fn (OCP) on MI355.
 FP8 = {"gfx942": "fp8e4b8", "gfx950": "fp8e4nv"}
 _OPTIONS = ("num_warps", "num_stages", "maxnreg")
 
 
-def _nvidia_compile(fn, signature: dict, kwargs: dict, ptx: tuple[str, ...]):
-    # sm_90a; every opcode of `ptx` must be in the kernel's PTX (the inline steps were taken)
-    from triton.backends.compiler import GPUTarget
+def _build(fn, signature: dict, kwargs: dict, target):
+    # kwargs as a launch takes them: constexprs and launch options together
     from triton.compiler import ASTSource
 
     constexprs = {k: v for k, v in kwargs.items() if k not in _OPTIONS}
     options = {k: v for k, v in kwargs.items() if k in _OPTIONS}
     src = ASTSource(fn=fn, signature=dict(signature, **{k: "constexpr" for k in constexprs}), constexprs=constexprs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return triton.compile(src, target=target, options=options)
+
+
+def _nvidia_compile(fn, signature: dict, kwargs: dict, ptx: tuple[str, ...]):
+    # sm_90a; every opcode of `ptx` must be in the kernel's PTX (the inline steps were taken)
+    from triton.backends.compiler import GPUTarget
+
+    kernel = _build(fn, signature, kwargs, GPUTarget("cuda", 90, 32))
     assert kernel.asm["cubin"], f"{fn.__name__}: no cubin for sm_90a"
     for opcode in ptx:
         assert opcode in kernel.asm["ptx"], f"{fn.__name__} on sm_90a: no {opcode} (the PTX step was not taken)"
@@ -63,14 +61,9 @@ def _nvidia_compile(fn, signature: dict, kwargs: dict, ptx: tuple[str, ...]):
 
 
 def _compile(fn, signature: dict, kwargs: dict, arch: str):
-    # kwargs as a launch takes them: constexprs and launch options together
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
-    constexprs = {k: v for k, v in kwargs.items() if k not in _OPTIONS}
-    options = {k: v for k, v in kwargs.items() if k in _OPTIONS}
-    src = ASTSource(fn=fn, signature=dict(signature, **{k: "constexpr" for k in constexprs}), constexprs=constexprs)
-    kernel = triton.compile(src, target=GPUTarget("hip", arch, 64), options=options)
+    kernel = _build(fn, signature, kwargs, GPUTarget("hip", arch, 64))
     assert kernel.asm["hsaco"], f"{fn.__name__}: no code object for {arch}"
     # a PTX asm block would have failed the AMD assembler; its opcodes in the IR mean an
     # NVIDIA-only helper was traced into the AMD path
@@ -90,15 +83,23 @@ _SAMPLE_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, thr_pt
                    thr2_ptr=_P32, cnt_ptr=_P32, wpos_ptr=_P32, ctl_ptr=_P32, rows=_I, stride_lm=_I, sample_min=_I)
 
 
+def _topk_plan(config: dict, n: int, presample=None, fused=None, slices: int = 1):
+    from indexer.backends.triton import _topk as T
+
+    # ragged_topk's launches for `config`, topk=2048 over n-key rows (a CPU device stands for
+    # the GPU in the plan)
+    cfg = tuple((key, type(value), value) for key, value in config.items())
+    return T._plan(torch.device("cpu"), cfg, 2048, n, None, None, None, None, None, None, None, fused, None, None,
+                   None, None, None, presample, None, T.RADIX_BITS, None, T.PIECE, T.SPARSE, T.SIGMAS, None, 8,
+                   T.SAMPLE_SLACK, True, slices)
+
+
 def _amd_plan(presample: bool, fused: bool, slices: int = 1):
     from indexer.backends.triton import _topk as T
 
-    # ragged_topk's launches off NVIDIA (a CPU device stands for AMD in the plan: both take
-    # the default config, no ballot, no register caps), topk=2048 over 64K-key rows
-    cfg = tuple((key, type(value), value) for key, value in T.DEFAULT_CONFIG.items())
-    return T._plan(torch.device("cpu"), cfg, 2048, 65536, None, None, None, None, None, None, None, fused, None, None,
-                   None, None, None, presample, None, T.RADIX_BITS, None, T.PIECE, T.SPARSE, T.SIGMAS, None, 8,
-                   T.SAMPLE_SLACK, True, slices)
+    # off NVIDIA (both AMD and the CPU take the default config, no ballot, no register caps),
+    # 64K-key rows
+    return _topk_plan(T.DEFAULT_CONFIG, 65536, presample, fused, slices)
 
 
 def _topk_kernels(arch: str, presample: bool, fused: bool, slices: int) -> None:
@@ -123,11 +124,8 @@ def _nvidia_topk_kernels(slices: int) -> None:
     # ragged_topk's launches with the sm90 config (a CPU device stands for the GPU in the
     # plan, told it is NVIDIA's: ballots, PTX steps and register caps), 1M-key rows
     T._nvidia = lambda device: True
-    config = dict(T.DEFAULT_CONFIG, **T.TOPK_CONFIGS["sm90"])
-    cfg = tuple((key, type(value), value) for key, value in config.items())
-    _, _, _, sample_kw, filter_kw, retry_kw, selects = T._plan(
-        torch.device("cpu"), cfg, 2048, 1 << 20, None, None, None, None, None, None, None, None, None, None, None, None,
-        None, None, None, T.RADIX_BITS, None, T.PIECE, T.SPARSE, T.SIGMAS, None, 8, T.SAMPLE_SLACK, True, slices)
+    _, _, _, sample_kw, filter_kw, retry_kw, selects = _topk_plan(
+        dict(T.DEFAULT_CONFIG, **T.TOPK_CONFIGS["sm90"]), 1 << 20, slices=slices)
     assert filter_kw["BALLOT"] and filter_kw["SL"] == slices
     # the filter's PTX step: warp lists (slices=1) or the row's shared list and its atomic counter
     ptx = ("vote.sync.ballot", "st.global.v2.b32") + (("atom.global.add.u32",) if slices > 1 else ())

@@ -341,17 +341,21 @@ def test_fused_select_keeps_whole_rows_where_rows_would_be_split(monkeypatch):
         _check(logits, masked, starts, lengths, 24, cap=512, fused=True, slices=4, **SMALL_ROAD)
 
 
+def _default_plan(topk, n, presample=None, slices=1):
+    # _plan for the default config (the CPU's, and AMD's) on a CPU device
+    cfg = tuple((key, type(value), value) for key, value in T.DEFAULT_CONFIG.items())
+    return T._plan(torch.device("cpu"), cfg, topk, n, None, None, None, None, None, None, None, None, None, None,
+                   None, None, None, presample, None, T.RADIX_BITS, None, T.PIECE, T.SPARSE, T.SIGMAS, None, 8,
+                   T.SAMPLE_SLACK, False, slices)
+
+
 def test_split_rows_take_their_threshold_from_the_sample_kernel():
     # slices > 1 runs the sample kernel whatever presample says, and refuses the fused select
-    assert T.ragged_topk is not None
-    cfg = tuple((key, type(value), value) for key, value in T.DEFAULT_CONFIG.items())
-    args = (torch.device("cpu"), cfg, 64, 100000, None, None, None, None, None, None, None, None, None, None, None,
-            None, None, False, None, T.RADIX_BITS, None, T.PIECE, T.SPARSE, T.SIGMAS, None, 8, T.SAMPLE_SLACK, False)
-    _, _, _, sample_kw, filter_kw, retry_kw, selects = T._plan(*args, 4)
+    _, _, _, sample_kw, filter_kw, retry_kw, selects = _default_plan(64, 100000, presample=False, slices=4)
     assert sample_kw is not None and filter_kw["SL"] == 4 and filter_kw["PRESAMPLE"]
     assert retry_kw["RETRY"] and not filter_kw["RETRY"]
     assert all(kw["W"] == 1 for _, kw in selects)  # one list a row
-    _, _, _, sample_kw, filter_kw, retry_kw, _ = T._plan(*args, 1)
+    _, _, _, sample_kw, filter_kw, retry_kw, _ = _default_plan(64, 100000, presample=False)
     assert sample_kw is None and retry_kw is None and filter_kw["SL"] == 1
 
 
@@ -359,18 +363,11 @@ def test_rows_past_the_filters_sample_take_the_sample_kernel():
     # a config without presample (the default off NVIDIA) still runs the sample kernel for
     # rows longer than the filter's own sample covers at one key in 32 (256 runs of 16 keys:
     # 128K keys), which then gives the retry's threshold too; asked for explicitly, off stays off
-    cfg = tuple((key, type(value), value) for key, value in T.DEFAULT_CONFIG.items())
-
-    def plan(n, presample=None):
-        return T._plan(torch.device("cpu"), cfg, 2048, n, None, None, None, None, None, None, None, None, None, None,
-                       None, None, None, presample, None, T.RADIX_BITS, None, T.PIECE, T.SPARSE, T.SIGMAS, None, 8,
-                       T.SAMPLE_SLACK, False)
-
     assert not T.DEFAULT_CONFIG["presample"]
-    _, _, _, sample_kw, filter_kw, _, _ = plan(1 << 20)
+    _, _, _, sample_kw, filter_kw, _, _ = _default_plan(2048, 1 << 20)
     assert sample_kw is not None and filter_kw["PRESAMPLE"] and filter_kw["SECOND"]
-    assert plan(1 << 17)[3] is None
-    assert plan(1 << 20, presample=False)[3] is None
+    assert _default_plan(2048, 1 << 17)[3] is None
+    assert _default_plan(2048, 1 << 20, presample=False)[3] is None
 
 
 def test_auto_slices_split_only_few_long_rows_on_a_gpu():
