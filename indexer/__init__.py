@@ -13,6 +13,7 @@ from .backends import BackendUnavailableError
 from .collective import InconsistentRanksError, ReassemblyError
 from .partition import CostModel, RowPlan, plan_rows
 from .platform import current_platform
+from .step import StepPlan, plan
 
 
 def available_backends(problem=None, device=None):
@@ -45,9 +46,11 @@ __all__ = [
     "RowPlan",
     "__version__",
     "StepInfo",
+    "StepPlan",
     "available_backends",
     "prefill_topk_with_info",
     "current_platform",
+    "plan",
     "plan_rows",
     "prefill_topk",
     "quantize_fp8",

@@ -1,65 +1,11 @@
-"""Public entry point: :func:`prefill_topk`."""
+"""Public entry points: :func:`prefill_topk` (plan and run in one call) and :func:`quantize_fp8`."""
 
 from __future__ import annotations
 
-import logging
-import time
-from dataclasses import dataclass
-
 import torch
-import torch.distributed as dist
 
-from . import envs
-from .backends import run_rows, select_backend
-from .backends.topk_torch import topk_choice
-from .collective import (
-    RING_STRATEGIES,
-    agreed_cost_model,
-    GroupCaps,
-    ReassemblyError,
-    check_consistency,
-    choose_mode,
-    fingerprint,
-    mode_reasons,
-    probe_group,
-    reassemble,
-)
-from .partition import DEFAULT_STRIPE_ROWS, RowPlan, plan_candidates
-from .platform import platform_for_device
 from .problem import validate
-
-log = logging.getLogger("indexer")
-
-
-@dataclass
-class StepInfo:
-    """What one :func:`prefill_topk` call did.
-
-    Attributes:
-        backend: Backend that computed the logits and top-k.
-        sharded: Whether rows were split across the group (else every row computed here).
-        world_size: Ranks in the group (1 without a group).
-        rank: This rank.
-        plan: The row plan (``None`` when not sharded).
-        reassembly: Exchange mode used (``None`` when not sharded).
-        reason: Why the step was or was not sharded.
-        notes: What the backend did differently for this problem (e.g. head padding).
-        compute_ms: Time to compute this rank's rows (only with ``timing=True``).
-        wait_ms: Time this rank then waited for the slowest rank (only with ``timing=True``).
-        exchange_ms: Time of the reassembly alone (only with ``timing=True``).
-    """
-
-    backend: str
-    sharded: bool
-    world_size: int
-    rank: int
-    plan: RowPlan | None = None
-    reassembly: str | None = None
-    reason: str = ""
-    notes: tuple[str, ...] = ()
-    compute_ms: float | None = None
-    wait_ms: float | None = None
-    exchange_ms: float | None = None
+from .step import StepInfo, StepPlan, _Clock, choose_plan  # noqa: F401 - choose_plan re-exported
 
 
 @torch.no_grad()
@@ -102,8 +48,8 @@ def prefill_topk(
         topk: Keys kept per row (2048 in DeepSeek-V3.2).
         group: Tensor-parallel process group (``torch.distributed``); ``None`` computes every
             row here.
-        out: Optional int32 ``[M, topk]`` contiguous tensor on the inputs' device, filled
-            and returned; untouched if validation fails.
+        out: Optional int32 ``[M, topk]`` on the inputs' device (column stride 1, any row
+            stride), filled and returned; untouched if validation fails.
         backend: ``auto`` or a backend name to force (default ``INDEXER_BACKEND``).
         strategy: ``auto|contiguous|remainder0|fold|balanced|striped`` (default
             ``INDEXER_TP_SHARD_STRATEGY``; stripe size ``INDEXER_TP_SHARD_STRIPE_ROWS``).
@@ -156,122 +102,12 @@ def prefill_topk_with_info(
         timing: Measure compute and exchange time (synchronises the device; for demos and
             benchmarks, not for production).
     """
-    problem = validate(q, k, k_scale, weights, row_starts, row_ends, topk, out)
-    platform = platform_for_device(problem.device)
-    key = platform.key
-    chosen = select_backend(problem, platform, envs.value("BACKEND", key, backend))
-    if chosen.configurable_topk:
-        topk_choice(problem.device)  # an INDEXER_TOPK that cannot run raises here, not mid-step
-    budget = int(envs.value("MAX_LOGITS_MB", key, max_logits_mb) * 2**20)
-    strategy_req = envs.value("TP_SHARD_STRATEGY", key, strategy)
-    reassembly_req = envs.value("REASSEMBLY", key, reassembly)
-    shard_on = envs.value("TP_SHARD", key, tp_shard)
-    min_rows = envs.value("TP_SHARD_MIN_ROWS", key, min_rows_per_rank)
-    check = envs.value("CHECK_CONSISTENCY", key)
-
-    world, rank = 1, 0
-    if group is not None:
-        if not dist.is_available() or not dist.is_initialized():
-            raise ValueError("group was given but torch.distributed is not initialised")
-        world, rank = dist.get_world_size(group), dist.get_rank(group)
-    m = problem.num_rows
-    info = StepInfo(chosen.name, False, world, rank, notes=tuple(chosen.notes(problem)))
-    stripe = envs.value("TP_SHARD_STRIPE_ROWS", key)
-    shard = world > 1 and shard_on and m >= min_rows * world
-    if check and world > 1:
-        # before anything that only sharding ranks do, so disagreeing ranks raise, not hang
-        digest = fingerprint(
-            problem.shape_key(), str(problem.fp8_dtype), chosen.name, shard, strategy_req, reassembly_req, stripe,
-            tensors=(problem.starts_host, problem.ends_host),
-        )
-        check_consistency(
-            digest, group, problem.device,
-            "(M, N, H, D, topk, dtype, backend, row bounds, whether to shard, strategy, reassembly, stripe rows)",
-        )
-    plan = None
-    if world == 1:
-        info.reason = "no tensor-parallel group"
-    elif not shard_on:
-        info.reason = "sharding disabled (INDEXER_TP_SHARD / tp_shard)"
-    elif not shard:
-        info.reason = f"M={m} < min_rows_per_rank {min_rows} x tp {world}: replicated"
-    else:
-        caps = probe_group(group, problem.device)
-        model = agreed_cost_model(group, problem.device, chosen, platform.arch)
-        plan, mode = choose_plan(problem, model, caps, strategy_req, reassembly_req, stripe)
-        info.sharded, info.plan, info.reassembly = True, plan, mode
-        info.reason = f"sharded: {plan.describe()}, reassembly {mode}"
-    log.debug("prefill_topk M=%d N=%d backend=%s: %s", m, problem.num_keys, chosen.name, info.reason)
-
-    result = out if out is not None else torch.empty(m, topk, dtype=torch.int32, device=problem.device)
-    clock = _Clock(problem.device, timing)
-    if plan is None:
-        run_rows(chosen, problem, [(0, m)], result, budget)
-        info.compute_ms = clock.lap()
-        return result, info
-    local = torch.empty(plan.rows_per_rank[rank], topk, dtype=torch.int32, device=problem.device)
-    run_rows(chosen, problem, plan.rank_rows(rank), local, budget)
-    info.compute_ms = clock.lap()
-    if timing:  # so exchange_ms is the exchange alone, not the wait for slower ranks
-        dist.barrier(group=group)
-        info.wait_ms = clock.lap()
-    reassemble(local, plan, rank, group, info.reassembly, result)
-    info.exchange_ms = clock.lap()
-    return result, info
-
-
-def choose_plan(
-    problem, cost_model, caps: GroupCaps, strategy: str, reassembly: str, stripe_rows: int = DEFAULT_STRIPE_ROWS
-) -> tuple[RowPlan, str]:
-    """Resolve ``auto`` strategy / reassembly into a plan and an exchange mode.
-
-    ``auto`` strategy takes the plan with the lowest predicted max-rank cost among those
-    the reassembly can exchange; plans within 1% of it count as ties, won by the earlier of
-    balanced, contiguous, remainder0, fold, striped. A forced reassembly that cannot run on
-    the group raises.
-    """
-    if reassembly != "auto":
-        reasons = mode_reasons(reassembly, caps, None)
-        if reasons:
-            raise ReassemblyError(f"reassembly={reassembly!r} cannot be used: " + "; ".join(reasons))
-    if strategy == "auto":
-        names = _AUTO_ORDER if reassembly != "ring" else tuple(s for s in _AUTO_ORDER if s in RING_STRATEGIES)
-    else:
-        names = (strategy,)
-    plans = plan_candidates(
-        problem.starts_host, problem.ends_host, caps.world_size, names, cost_model=cost_model,
-        num_keys=problem.num_keys, stripe_rows=stripe_rows,
-    )
-    lowest = min(p.max_cost for p in plans)
-    # within 1% of the lowest, prefer the earlier strategy: single-piece plans exchange
-    # straight into the output, fold's two pieces go through a temporary
-    best = next(p for p in plans if p.max_cost <= lowest * 1.01)
-    if len(plans) > 1 and log.isEnabledFor(logging.DEBUG):
-        for p in plans:
-            log.debug("  candidate %s max-rank cost %d%s", p.describe(), p.max_cost, "  <- chosen" if p is best else "")
-    return best, choose_mode(reassembly, caps, best.strategy)
-
-
-_AUTO_ORDER = ("balanced", "contiguous", "remainder0", "fold", "striped")
-
-
-class _Clock:
-    """Wall time between laps, device-synchronised; a no-op unless enabled."""
-
-    def __init__(self, device: torch.device, enabled: bool) -> None:
-        self.enabled = enabled
-        self.sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-        if enabled:
-            self.sync()
-            self.t = time.perf_counter()
-
-    def lap(self) -> float | None:
-        if not self.enabled:
-            return None
-        self.sync()
-        now = time.perf_counter()
-        ms, self.t = (now - self.t) * 1e3, now
-        return ms
+    problem, inputs = validate(q, k, k_scale, weights, row_starts, row_ends, topk, out)
+    step = StepPlan(problem, group=group, backend=backend, strategy=strategy, reassembly=reassembly,
+                    max_logits_mb=max_logits_mb, tp_shard=tp_shard, min_rows_per_rank=min_rows_per_rank,
+                    check_values="off")  # validate checked the values already
+    result = step._run(inputs, out, _Clock(problem.device) if timing else None)
+    return result, step.info
 
 
 def quantize_fp8(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:

@@ -227,6 +227,19 @@ CHECK_CONSISTENCY = _declare(
         type_name="bool",
     )
 )
+CHECK_VALUES = _declare(
+    Flag(
+        "CHECK_VALUES",
+        _choice("off", "async", "sync"),
+        "off",
+        "Value checks of a step plan's runs: that k_scale (over the keys some row reads) and "
+        "weights are finite. 'off': none; 'async': a device-side assert (no host sync; a failure "
+        "surfaces at the next synchronization); 'sync': a host check raising ValueError (one "
+        "sync a run). prefill_topk always checks, as 'sync'.",
+        choices=("off", "async", "sync"),
+        per_platform=True,
+    )
+)
 
 TRITON_DIRECT_LAUNCH = _declare(
     Flag(

@@ -110,11 +110,11 @@ def test_results_match_reference_through_the_wrapper(stand_in_aiter, fp8):
     inp = make_inputs([2600, 300], [90, 300], heads=4, head_dim=32, fp8_dtype=fp8, seed=11)
     inp.row_starts[40:43] = 0  # padding rows, away from the chunk's keys
     inp.row_ends[40:43] = 0
-    problem = validate(*inp.args(), topk)
+    problem, inputs = validate(*inp.args(), topk)
     backend = get_backend("aiter")
     assert backend.problem_reasons(problem, fp8, rocm_backend._load()) == []
     out = torch.full((problem.num_rows, topk), 7777, dtype=torch.int32)
-    run_rows(backend, problem, [(0, problem.num_rows)], out, budget_bytes=2**20)  # several chunks
+    run_rows(backend, problem, inputs, [(0, problem.num_rows)], out, budget_bytes=2**20)  # several chunks
     assert not (out == 7777).any()
     assert (out[40:43] == -1).all()
     assert_matches_naive(out, inp, topk)
@@ -129,17 +129,17 @@ def test_problem_reasons(stand_in_aiter):
     api = rocm_backend._load()
     backend = get_backend("aiter")
     inp = make_inputs([300], [20], heads=4, head_dim=32, fp8_dtype=torch.float8_e4m3fn)
-    p = validate(*inp.args(), 64)
+    p, _ = validate(*inp.args(), 64)
     reasons = backend.problem_reasons(p, torch.float8_e4m3fnuz, api)
     assert any("float8_e4m3fnuz" in r for r in reasons)
     assert any("fixed at k=2048" in r for r in reasons) != stand_in_aiter.current
     inp = make_inputs([300], [20], heads=3, head_dim=32)
-    assert any("power-of-two" in r for r in backend.problem_reasons(validate(*inp.args(), 2048), torch.float8_e4m3fn, api))
+    assert any("power-of-two" in r for r in backend.problem_reasons(validate(*inp.args(), 2048)[0], torch.float8_e4m3fn, api))
 
 
 def test_not_on_a_cpu_tensor(stand_in_aiter):
     inp = make_inputs([300], [20], heads=4, head_dim=32)
-    reasons = get_backend("aiter").not_supported_reasons(validate(*inp.args(), 2048))
+    reasons = get_backend("aiter").not_supported_reasons(validate(*inp.args(), 2048)[0])
     assert any("AMD GPU" in r for r in reasons)
     with pytest.raises(indexer.BackendUnavailableError, match="aiter"):
         indexer.prefill_topk(*inp.args(), 2048, backend="aiter")
@@ -180,7 +180,7 @@ def test_chunks_never_exceed_aiter_row_regime(stand_in_aiter):
     from indexer.backends.base import _chunk_end
 
     inp = make_inputs([5000], [3000], heads=4, head_dim=32, seed=2)
-    p = validate(*inp.args(), 64)
+    p, _ = validate(*inp.args(), 64)
     start, sizes = 0, []
     while start < p.num_rows:
         end, _, _ = _chunk_end(get_backend("aiter"), p, start, p.num_rows, 2**40)

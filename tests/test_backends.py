@@ -48,7 +48,7 @@ class _VendorOnly(Platform):
 
 
 def test_no_backend_fits_lists_every_reason():
-    problem = validate(*_inp().args(), 16)
+    problem, _ = validate(*_inp().args(), 16)
     with pytest.raises(indexer.BackendUnavailableError) as err:
         select_backend(problem, _VendorOnly())
     msg = str(err.value)
@@ -98,12 +98,13 @@ def test_head_padding_leaves_logits_bit_identical(heads, padded):
     inp = make_inputs([300, 120], [100, 120], heads=heads, head_dim=32, seed=heads)
     q_pad, w_pad = pad_heads(inp.q, inp.weights, padded)
     assert q_pad.shape == (220, padded, 32) and w_pad.shape == (220, padded)
+    from indexer.backends.base import single_chunk
+
     ref = get_backend("torch")
-    a = validate(*inp.args(), 16)
-    b = validate(q_pad, inp.k, inp.k_scale, w_pad, inp.row_starts, inp.row_ends, 16)
-    ws = torch.empty(220, a.num_keys)
-    la = ref.logits(a, (0, 220), (0, a.num_keys), ws).clone()
-    lb = ref.logits(b, (0, 220), (0, a.num_keys), ws).clone()
+    a, ia = validate(*inp.args(), 16)
+    b, ib = validate(q_pad, inp.k, inp.k_scale, w_pad, inp.row_starts, inp.row_ends, 16)
+    la = ref.logits(a, ia, single_chunk(ref, a, (0, 220), (0, a.num_keys))).clone()
+    lb = ref.logits(b, ib, single_chunk(ref, b, (0, 220), (0, a.num_keys))).clone()
     assert torch.equal(la, lb)
 
 
@@ -112,7 +113,7 @@ def test_padding_is_a_note_not_a_reason():
 
     inp = make_inputs([50], [10], heads=16, head_dim=64)
     dg = get_backend("deepgemm")
-    notes = dg.notes(validate(*inp.args(), 8))
+    notes = dg.notes(validate(*inp.args(), 8)[0])
     assert notes and "padded to 32" in notes[0]
     res = __import__("subprocess").run(
         [__import__("sys").executable, "-m", "indexer", "info", "--heads", "16", "--head-dim", "64"],

@@ -132,7 +132,7 @@ def test_chunks_end_at_request_boundaries_and_scan_is_bounded():
     from indexer.problem import validate
 
     inp = make_inputs([500, 300, 200], [100, 300, 50], heads=2, head_dim=32)
-    p = validate(*inp.args(), 8)
+    p, _ = validate(*inp.args(), 8)
     be = get_backend("torch")
     cuts, start = [], 0
     while start < p.num_rows:

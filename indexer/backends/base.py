@@ -1,37 +1,83 @@
-"""The one interface every backend implements, and the chunked driver that runs it.
+"""The one interface every backend implements, the chunk table, and the driver that runs it.
 
-A backend supplies two kernels, ``logits`` (fill a float32 ``[R, n]`` block for rows
-``[a, b)`` and key columns ``[lo, hi)``) and ``topk`` (turn that block into row-relative
-int32 indices), plus ``not_supported_reasons`` and a cost model. :func:`run_rows` drives
-them over any set of row ranges in chunks whose working set stays under a byte budget,
-using one workspace that is reused across chunks and calls.
+A backend supplies two kernels, ``logits`` (fill a float32 ``[R, width]`` block for the rows
+and keys of one chunk) and ``topk`` (turn that block into row-relative int32 indices), plus
+``not_supported_reasons`` and a cost model. Everything that depends only on the row bounds
+is made once per step (:func:`plan_chunks`, :func:`prepare_chunks`): the chunks, whose
+working set stays under a byte budget, their device index tensors, the top-k's launch
+arguments and one workspace. :func:`run_chunks` then only launches kernels, every layer.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import ClassVar, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
 
 import torch
 
 from ..partition import CostModel
-from ..problem import Problem
+from ..problem import LayerInputs, Problem
 from ..workspace import MAX_CHUNK_BYTES, logits_workspace
+
+
+@dataclass(eq=False)
+class Chunk:
+    """Rows ``[a, b)`` computed together: one logits block and one top-k.
+
+    Attributes:
+        rows: Global row range ``(a, b)``.
+        cols: Key range ``(lo, hi)`` the logits kernel reads; covers every row's window.
+        width: Columns of the logits block: ``hi - lo`` full-width, else the longest window.
+        compressed: Column ``j`` of row ``i`` is key ``row_starts[a + i] + j`` (the row's
+            own window start), instead of key ``lo + j``.
+        starts, ends: int32 ``[R]`` on the device: each row's window relative to ``lo``
+            (empty rows clamped into the block, still empty), as logits kernels take them.
+        block_starts: int32 ``[R]``: column of each row's first key in the block
+            (``starts``, or zeros when compressed).
+        lengths: int32 ``[R]``: keys in each row's window.
+        lengths_host: int64 ``[R]`` CPU copy of ``lengths``.
+        workspace: float32 ``[R, width]`` view of the plan's workspace for the logits, or
+            ``None`` for a backend whose kernel allocates its own.
+        state: What the backend prepared for this chunk (its top-k launch, buffers).
+    """
+
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+    width: int
+    compressed: bool = False
+    starts: torch.Tensor | None = None
+    ends: torch.Tensor | None = None
+    block_starts: torch.Tensor | None = None
+    lengths: torch.Tensor | None = None
+    lengths_host: torch.Tensor | None = None
+    workspace: torch.Tensor | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_rows(self) -> int:
+        return self.rows[1] - self.rows[0]
+
+    @property
+    def empty(self) -> bool:
+        """Every row of the chunk is empty: its result is all ``-1``, no kernel runs."""
+        return self.width == 0
 
 
 class Backend(abc.ABC):
     """A logits + top-k implementation.
 
-    Subclasses set ``name`` and ``cost_model`` and implement the three methods. Vendor
-    packages are imported inside the methods, never at module import.
+    Subclasses set ``name`` and ``cost_model`` and implement ``not_supported_reasons``,
+    ``logits`` and ``topk``. Vendor packages are imported inside the methods, never at
+    module import.
     """
 
     name: ClassVar[str]
     cost_model: ClassVar[CostModel] = CostModel()
     uses_workspace: ClassVar[bool] = True
-    """Whether :meth:`logits` writes into the shared workspace (else it gets ``None``)."""
+    """Whether :meth:`logits` writes into the plan's workspace (else its kernel allocates)."""
     configurable_topk: ClassVar[bool] = False
-    """Whether :meth:`topk` follows ``INDEXER_TOPK`` (checked before any kernel runs)."""
+    """Whether :meth:`topk` follows ``INDEXER_TOPK``."""
     max_chunk_rows: ClassVar[int | None] = None
     """Cap on rows per chunk, for kernels whose arithmetic changes with the row count."""
 
@@ -43,34 +89,40 @@ class Backend(abc.ABC):
         ``python -m indexer info`` shows them.
         """
 
-    @abc.abstractmethod
-    def logits(self, problem: Problem, rows: tuple[int, int], cols: tuple[int, int], workspace: torch.Tensor) -> torch.Tensor:
-        """The logits of rows ``[a, b)`` over key columns ``[lo, hi)``.
+    def compressed_logits(self, problem: Problem) -> bool:
+        """Whether :meth:`logits` can write compressed blocks (:attr:`Chunk.compressed`), so
+        that one chunk may span the requests of a packed batch."""
+        return False
 
-        Args:
-            problem: The validated step.
-            rows: Global row range ``(a, b)``.
-            cols: Key range ``(lo, hi)``; covers every row's window in the chunk.
-            workspace: float32 ``[b - a, hi - lo]`` contiguous view of the reused
-                workspace, for backends that can write into a given buffer.
+    def prepare(self, problem: Problem, chunks: Sequence[Chunk]) -> None:
+        """Plan time: whatever the chunks' launches need besides their index tensors (the
+        top-k's arguments, padded buffers), in ``chunk.state``. Runs once per plan, before
+        the workspace is allocated; a backend may ask for top-k scratch in
+        ``chunk.state["scratch_numel"]`` (int64 elements, placed in the workspace)."""
+
+    def bind(self, problem: Problem, chunks: Sequence[Chunk]) -> None:
+        """Plan time, after the workspace is placed: bind buffers that live in it (each
+        chunk's ``state["scratch"]``)."""
+
+    @abc.abstractmethod
+    def logits(self, problem: Problem, inputs: LayerInputs, chunk: Chunk) -> torch.Tensor:
+        """The logits block of one chunk.
 
         Returns:
-            float32 ``[b - a, hi - lo]`` (column stride 1, any row stride): entry ``[i, j]``
-            is the logit of row ``a + i`` and key ``lo + j``, ``-inf`` outside the row's
-            window. Usually ``workspace``; a vendor kernel that allocates its own output
-            returns that.
+            float32 ``[R, chunk.width]`` (column stride 1, any row stride): entry ``[i, j]``
+            is the logit of row ``a + i`` and key ``lo + j`` (compressed: key
+            ``row_starts[a + i] + j``). Values outside a row's window are unspecified: every
+            top-k reads each row's window only. Usually ``chunk.workspace``; a vendor kernel
+            that allocates its own output returns that.
         """
 
     @abc.abstractmethod
-    def topk(self, problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
-        """Write each row's top-k keys from a logits block.
+    def topk(self, problem: Problem, chunk: Chunk, logits: torch.Tensor, out: torch.Tensor) -> None:
+        """Write each row's top-k keys from a chunk's logits block.
 
         Args:
-            problem: The validated step.
-            logits: float32 ``[R, n]`` block written by :meth:`logits`, column ``j`` is key ``lo + j``.
-            rows: Global row range ``(a, b)`` with ``b - a == R``.
-            lo: Key of column 0.
-            out: int32 ``[R, topk]``; row-relative indices (key - row_starts), ``-1`` padded.
+            out: int32 ``[R, topk]`` (column stride 1); row-relative indices (key -
+                row_starts), ``-1`` padded.
         """
 
     def notes(self, problem: Problem) -> list[str]:
@@ -92,31 +144,51 @@ class Backend(abc.ABC):
 
     def logits_alloc_bytes(self, rows: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
         """Bytes of the logits block as the kernel allocates it (row padding included); the
-        driver keeps it below 2^31 because kernels index it with 32-bit offsets."""
+        planner keeps it below 2^31 because kernels index it with 32-bit offsets."""
         return rows * width * 4
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
 
 
-def relative_bounds(problem: Problem, rows: tuple[int, int], cols: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """int32 contiguous ``(starts, ends)`` of rows ``[a, b)`` relative to key ``lo``, as vendor
-    kernels take them. Non-empty rows lie inside ``[lo, hi)`` by construction; empty rows
-    (padding) may sit anywhere, so they are clamped into the block, still empty."""
+def fill_index(problem: Problem, chunk: Chunk) -> None:
+    """Compute (or refresh, after the bounds changed in place) a chunk's device index
+    tensors from ``problem.row_starts`` / ``row_ends``: device work only, no sync."""
+    a, b = chunk.rows
+    lo, hi = chunk.cols
+    n = hi - lo
+    torch.sub(problem.row_starts[a:b], lo, out=chunk.starts).clamp_(0, n)
+    torch.sub(problem.row_ends[a:b], lo, out=chunk.ends).clamp_(0, n)
+    torch.sub(chunk.ends, chunk.starts, out=chunk.lengths)
+    if not chunk.compressed:
+        chunk.block_starts = chunk.starts
+
+
+def new_chunk(problem: Problem, rows: tuple[int, int], cols: tuple[int, int], compressed: bool = False) -> Chunk:
+    """A :class:`Chunk` of rows ``[a, b)`` over keys ``[lo, hi)`` with its index tensors
+    (no workspace or backend state yet)."""
     a, b = rows
     lo, hi = cols
-    n = hi - lo
-    starts = (problem.row_starts[a:b] - lo).clamp(0, n).to(torch.int32).contiguous()
-    ends = (problem.row_ends[a:b] - lo).clamp(0, n).to(torch.int32).contiguous()
-    return starts, ends
+    r, device = b - a, problem.device
+    length = (problem.ends_host[a:b].clamp(lo, hi) - problem.starts_host[a:b].clamp(lo, hi)).clamp_min(0)
+    width = 0 if hi <= lo else (int(length.max()) if compressed and r else hi - lo)
+    idx = torch.empty(4, r, dtype=torch.int32, device=device)
+    chunk = Chunk(rows, cols, width, compressed, idx[0], idx[1], idx[2], idx[3], length)
+    if compressed:
+        chunk.block_starts.zero_()
+    fill_index(problem, chunk)
+    return chunk
 
 
-def _chunk_end(backend: Backend, problem: Problem, start: int, stop: int, budget: int, hint: int = 1024) -> tuple[int, int, int]:
+def _chunk_end(backend: Backend, problem: Problem, start: int, stop: int, budget: int, hint: int = 1024,
+               compressed: bool = False) -> tuple[int, int, int]:
     """Largest chunk ``[start, end)`` within ``[start, stop)`` that fits the budget.
 
-    A chunk also ends before a row whose window does not overlap the chunk's union so far
-    (the next request of a packed batch): a block spanning two requests would compute, and
-    its top-k would scan, the keys of both requests for every row.
+    Full-width (``compressed=False``), a chunk also ends before a row whose window does
+    not overlap the chunk's union so far (the next request of a packed batch): a block
+    spanning two requests would compute, and its top-k would scan, the keys of both
+    requests for every row. Compressed, a block is as wide as its longest window, so a
+    chunk may span requests.
 
     Returns ``(end, lo, hi)`` where ``[lo, hi)`` is the union of the chunk's row windows
     (empty rows ignored). At least one row is always taken. Only a window of about
@@ -131,16 +203,20 @@ def _chunk_end(backend: Backend, problem: Problem, start: int, stop: int, budget
         empty = ends <= starts
         lo = torch.cummin(torch.where(empty, big, starts), 0).values
         hi = torch.cummax(torch.where(empty, -1, ends), 0).values
-        width = (hi - lo).clamp_min(0)
-        hi_before = torch.cat((torch.tensor([-1]), hi[:-1]))
-        lo_before = torch.cat((torch.tensor([big]), lo[:-1]))
-        disjoint = ~empty & (hi_before >= 0) & ((starts >= hi_before) | (ends <= lo_before))
         count = torch.arange(1, window + 1, dtype=torch.int64)
+        if compressed:
+            width = torch.cummax(torch.where(empty, 0, ends - starts), 0).values
+            apart = torch.zeros(window, dtype=torch.bool)
+        else:
+            width = (hi - lo).clamp_min(0)
+            hi_before = torch.cat((torch.tensor([-1]), hi[:-1]))
+            lo_before = torch.cat((torch.tensor([big]), lo[:-1]))
+            apart = ~empty & (hi_before >= 0) & ((starts >= hi_before) | (ends <= lo_before))
         fits = (
             (count <= (backend.max_chunk_rows or window))
             & (backend.chunk_bytes(count, width, problem) <= budget)
             & (backend.logits_alloc_bytes(count, width) <= MAX_CHUNK_BYTES)
-            & ~disjoint
+            & ~apart
         )
         take = int(torch.cumprod(fits, 0).sum())  # the fitting chunks are a prefix
         if take < window or window == stop - start:
@@ -153,36 +229,114 @@ def _chunk_end(backend: Backend, problem: Problem, start: int, stop: int, budget
     return end, int(lo[take - 1]), int(hi[take - 1])
 
 
-def run_rows(
-    backend: Backend,
-    problem: Problem,
-    ranges: Sequence[tuple[int, int]],
-    out: torch.Tensor,
-    budget_bytes: int,
-) -> None:
-    """Compute the top-k of the given rows into ``out``.
+def plan_chunks(backend: Backend, problem: Problem, ranges: Sequence[tuple[int, int]], budget_bytes: int) -> list[Chunk]:
+    """The chunks of the given global row ranges, in order, with their index tensors.
 
-    Args:
-        backend: Backend to run.
-        problem: The validated step.
-        ranges: Global half-open row ranges, in the order their rows appear in ``out``.
-        out: int32 ``[sum of range lengths, topk]``.
-        budget_bytes: Working-set budget for one chunk (see :meth:`Backend.chunk_bytes`).
+    Where the backend writes compressed blocks, a chunk is compressed only where that buys
+    more rows than a full-width one (it spans requests, or windows that overlap only in
+    part); on one request full-width (faster in DeepGEMM's kernel) is kept.
     """
-    row = 0
+    compressed_ok = problem.num_rows > 0 and backend.compressed_logits(problem)
+    chunks = []
     hint = 1024
     for a, b in ranges:
         start = a
         while start < b:
             end, lo, hi = _chunk_end(backend, problem, start, b, budget_bytes, hint)
+            compressed = False
+            if compressed_ok:
+                end_c, lo_c, hi_c = _chunk_end(backend, problem, start, b, budget_bytes, hint, compressed=True)
+                if end_c > end:
+                    end, lo, hi, compressed = end_c, lo_c, hi_c, True
             hint = max(1024, 2 * (end - start))
-            dst = out[row + start - a : row + end - a]
-            if hi <= lo:  # every row in the chunk is empty
-                dst.fill_(-1)
-            else:
-                ws = logits_workspace(problem.device, (end - start) * (hi - lo), budget_bytes) if backend.uses_workspace else None
-                ws = ws.view(end - start, hi - lo) if ws is not None else None
-                block = backend.logits(problem, (start, end), (lo, hi), ws)
-                backend.topk(problem, block, (start, end), lo, dst)
+            chunks.append(new_chunk(problem, (start, end), (lo, hi), compressed))
             start = end
+    return chunks
+
+
+def prepare_chunks(backend: Backend, problem: Problem, chunks: Sequence[Chunk], budget_bytes: int | None) -> torch.Tensor | None:
+    """Plan time: the backend's per-chunk state, then one workspace for the largest chunk
+    (its logits, where the backend writes them there, and its top-k scratch), and each
+    chunk's views into it. Returns the workspace (``None`` when no chunk needs one): the
+    device's shared one (:func:`~indexer.workspace.logits_workspace`), or with
+    ``budget_bytes=None`` a buffer of its own."""
+    backend.prepare(problem, chunks)
+
+    def place(c: Chunk) -> tuple[int, int]:
+        logits = _align(c.num_rows * c.width, 64) if backend.uses_workspace else 0
+        return logits, 2 * c.state.get("scratch_numel", 0)
+
+    need = max((sum(place(c)) for c in chunks if not c.empty), default=0)
+    ws = None
+    if need:
+        ws = (logits_workspace(problem.device, need, budget_bytes) if budget_bytes is not None
+              else torch.empty(need, dtype=torch.float32, device=problem.device))
+    for c in chunks:
+        if c.empty:
+            continue
+        logits, scratch = place(c)
+        if backend.uses_workspace:
+            c.workspace = ws[: c.num_rows * c.width].view(c.num_rows, c.width)
+        if scratch:
+            c.state["scratch"] = ws[logits : logits + scratch].view(torch.int64)
+    backend.bind(problem, chunks)
+    return ws
+
+
+def single_chunk(backend: Backend, problem: Problem, rows: tuple[int, int], cols: tuple[int, int],
+                 compressed: bool = False) -> Chunk:
+    """One chunk of rows ``[a, b)`` over keys ``[lo, hi)``, prepared with buffers of its
+    own (benchmarks and tests that call a backend's ``logits`` and ``topk`` directly)."""
+    chunk = new_chunk(problem, rows, cols, compressed)
+    prepare_chunks(backend, problem, [chunk], None)
+    return chunk
+
+
+def _align(x: int, to: int) -> int:
+    return (x + to - 1) // to * to
+
+
+def run_chunks(backend: Backend, problem: Problem, inputs: LayerInputs, chunks: Sequence[Chunk], out: torch.Tensor) -> None:
+    """Launch every chunk: its logits, then its top-k into ``out[a:b]`` (``out`` indexed by
+    global row)."""
+    for c in chunks:
+        a, b = c.rows
+        dst = out[a:b]
+        if c.empty:
+            dst.fill_(-1)
+            continue
+        backend.topk(problem, c, backend.logits(problem, inputs, c), dst)
+
+
+def run_rows(
+    backend: Backend,
+    problem: Problem,
+    inputs: LayerInputs,
+    ranges: Sequence[tuple[int, int]],
+    out: torch.Tensor,
+    budget_bytes: int,
+) -> None:
+    """Plan and run the given rows in one go (tests, calibration): ``out`` holds the rows of
+    ``ranges`` one after another.
+
+    Args:
+        out: int32 ``[sum of range lengths, topk]``.
+    """
+    chunks = plan_chunks(backend, problem, ranges, budget_bytes)
+    prepare_chunks(backend, problem, chunks, budget_bytes)
+    row = 0
+    for a, b in ranges:
+        part = [c for c in chunks if a <= c.rows[0] < b]
+        # out's rows of this range, seen as global rows a..b
+        run_chunks(backend, problem, inputs, part, _shifted(out[row : row + b - a], a))
         row += b - a
+
+
+class _shifted:
+    """``out`` indexed by global rows: ``view[a:b]`` is ``out[a - first : b - first]``."""
+
+    def __init__(self, out: torch.Tensor, first: int):
+        self.out, self.first = out, first
+
+    def __getitem__(self, s: slice) -> torch.Tensor:
+        return self.out[s.start - self.first : s.stop - self.first]

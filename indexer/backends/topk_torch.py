@@ -1,36 +1,24 @@
-"""Per-row top-k with torch.topk and a deterministic tie rule.
+"""Per-row top-k with torch.topk and a deterministic tie rule, and the choice between it and
+the Triton kernel.
 
 torch.topk may break ties differently depending on the shape of the block it runs on, and
-a sharded run sees different blocks than a replicated one. So whenever the k-th value of a
-row is tied across the cut, the tied keys are resolved by the lowest key index. That
-makes the selected set a function of the row's logits alone: sharded and replicated runs
-agree exactly, ties included, as long as the logits themselves are bit-identical.
+a sharded run sees different blocks than a replicated one. So ties at the k-th value of a
+row are resolved by the lowest key index. That makes the selected set a function of the
+row's logits alone: sharded and replicated runs agree exactly, ties included, as long as
+the logits themselves are bit-identical.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 
 from ..problem import Problem
 
 
-def _windows(problem: Problem, rows: tuple[int, int], lo: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """int64 ``(column of each row's first key, keys per row)`` for rows ``[a, b)`` of a block
-    whose column 0 is key ``lo``."""
-    a, b = rows
-    starts = problem.row_starts[a:b].to(torch.int64)
-    return starts - lo, problem.row_ends[a:b].to(torch.int64) - starts
-
-
-def torch_topk(problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
-    """:meth:`Backend.topk` with torch.topk (the reference's top-k)."""
-    a, b = rows
-    starts_rel, lengths = _windows(problem, rows, lo)
-    row_topk(logits, starts_rel, lengths, problem.topk, out, problem.ends_host[a:b] - problem.starts_host[a:b])
-
-
 def topk_choice(device: torch.device) -> str:
-    """The top-k that :func:`chosen_topk` runs on ``device``: ``INDEXER_TOPK``'s value.
+    """The top-k that the GPU backends run on ``device``: ``INDEXER_TOPK``'s value.
 
     Where the value is only the platform's default (``triton`` on NVIDIA) and Triton cannot
     run, it is ``torch``; a ``triton`` that was asked for explicitly and cannot run raises.
@@ -64,17 +52,40 @@ def topk_row_bytes(problem: Problem) -> int:
     return 12 * (problem.topk + 1)
 
 
-def chosen_topk(problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
-    """:meth:`Backend.topk` of the GPU backends: torch.topk or the Triton ragged kernel,
-    as :func:`topk_choice` says. Both select the same set from the same logits."""
-    if topk_choice(problem.device) == "triton":
-        from .triton._topk import ragged_topk
+def prepare_topk(problem: Problem, chunks: Sequence, choice: str | None = None) -> None:
+    """Plan time: each chunk's top-k (``chunk.state["topk"]``, called as ``(logits, out)``),
+    torch.topk or the Triton kernel as :func:`topk_choice` says (``choice`` overrides).
+    Triton's chunks ask for their scratch (``state["scratch_numel"]``), bound by
+    :func:`bind_topk` once the plan's workspace holds it."""
+    choice = topk_choice(problem.device) if choice is None else choice
+    for c in chunks:
+        if c.empty:
+            continue
+        if choice == "triton":
+            from .triton._topk import RaggedTopk
 
-        starts_rel, lengths = _windows(problem, rows, lo)
-        # clamp padding rows (empty, anywhere) into the block; they read nothing
-        ragged_topk(logits, starts_rel.clamp(0, logits.shape[1]), lengths, problem.topk, out)
-        return
-    torch_topk(problem, logits, rows, lo, out)
+            run = RaggedTopk(problem.device, c.num_rows, c.width, c.block_starts, c.lengths, problem.topk)
+            c.state["scratch_numel"] = run.scratch_numel
+        else:
+            run = _TorchTopk(c, problem.topk)
+        c.state["topk"] = run
+
+
+def bind_topk(chunks: Sequence) -> None:
+    """Give each Triton top-k its scratch in the plan's workspace."""
+    for c in chunks:
+        run = c.state.get("topk")
+        if run is not None and hasattr(run, "bind"):
+            run.bind(c.state["scratch"])
+
+
+class _TorchTopk:
+    def __init__(self, chunk, topk: int):
+        self.chunk, self.topk = chunk, topk
+
+    def __call__(self, logits: torch.Tensor, out: torch.Tensor) -> None:
+        c = self.chunk
+        row_topk(logits, c.block_starts, c.lengths, self.topk, out, c.lengths_host)
 
 
 def row_topk(
@@ -87,38 +98,70 @@ def row_topk(
 ) -> None:
     """Top-k keys of every row of a logits block, as row-relative indices.
 
+    Off the CPU this makes no host sync (graph-capturable): each key is ranked by its value
+    and then its column in one int64 (:func:`_ranked_keys`), so torch.topk sees no ties.
+    On the CPU, torch.topk on the values, and the rows tied across the cut again by the
+    lowest index (fewer passes; a sync there costs nothing).
+
     Args:
-        logits: float32 ``[R, n]``; column ``j`` is key ``lo + j``, ``-inf`` outside a
-            row's window.
-        starts_rel: int64 ``[R]``, ``row_starts - lo`` (the column of each row's first key).
-        lengths: int64 ``[R]``, keys in each row's window (``row_ends - row_starts``, >= 0).
+        logits: float32 ``[R, n]``; column ``j`` is key ``lo + j``. Off the CPU the values
+            outside a row's window are never read; on the CPU they must be ``-inf``.
+        starts_rel: int ``[R]``, the column of each row's first key.
+        lengths: int ``[R]``, keys in each row's window (>= 0).
         topk: Keys kept per row.
-        out: int32 ``[R, topk]``; gets indices relative to ``row_starts``, unordered,
+        out: int32 ``[R, topk]``; gets indices relative to the row's first key, unordered,
             ``-1`` padded when a row has fewer than ``topk`` keys.
-        lengths_host: Optional CPU copy of ``lengths`` (saves a device sync).
+        lengths_host: Optional CPU copy of ``lengths``: rows no longer than ``topk`` skip
+            the selection without a sync.
     """
     rows, n = logits.shape
     device = logits.device
     ar = torch.arange(topk, device=device, dtype=torch.int64)
+    lengths = lengths.to(torch.int64)
+    starts_rel = starts_rel.to(torch.int64)
     # A row with <= topk keys keeps all of them: its answer needs no logits at all.
     result = torch.where(ar[None, :] < lengths[:, None], ar[None, :], -1)
     long_rows = lengths > topk
-    # ask the host copy when there is one: no device sync
-    any_long = bool((lengths_host > topk).any()) if lengths_host is not None else bool(long_rows.any())
+    any_long = bool((lengths_host > topk).any()) if lengths_host is not None else True
     if n > topk and any_long:
-        # k+1 sorted values tell whether the k-th value is tied across the cut without
-        # another pass over the block
-        vals, idx = torch.topk(logits, topk + 1, dim=1, sorted=True)
-        kth = vals[:, topk - 1]
-        # NaN == NaN is false, yet NaNs tie with each other (torch.topk ranks them highest)
-        tied = long_rows & ((vals[:, topk] == kth) | (vals[:, topk].isnan() & kth.isnan()))
-        idx = idx[:, :topk]
-        tied_rows = torch.nonzero(tied).flatten()
-        if tied_rows.numel():
-            idx[tied_rows] = _lowest_index_topk(logits, tied_rows, kth, topk, starts_rel, lengths)
-        rel = idx - starts_rel[:, None]
-        result = torch.where(long_rows[:, None], rel, result)
+        if device.type == "cpu":
+            idx = _topk_then_ties(logits, starts_rel, lengths, long_rows, topk)
+        else:
+            idx = torch.empty(rows, topk, dtype=torch.int64, device=device)
+            step = max(1, -(-rows // 8))  # int64 keys of an eighth of the rows at a time
+            for a in range(0, rows, step):
+                b = min(rows, a + step)
+                keys = _ranked_keys(logits[a:b], starts_rel[a:b], lengths[a:b])
+                idx[a:b] = torch.topk(keys, topk, dim=1, sorted=False).indices
+        result = torch.where(long_rows[:, None], idx - starts_rel[:, None], result)
     out.copy_(result)
+
+
+def _ranked_keys(x: torch.Tensor, starts_rel: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """int64 ``[R, n]``: the value's order-preserving int32 (NaN above every number, ``-0.0``
+    equal to ``0.0``) in the high word, ``2**31 - 1 - column`` in the low word, so larger
+    means larger value, then lower column; keys outside a row's window the least int64."""
+    x = torch.where(x.isnan(), float("nan"), x + 0.0)  # one NaN, one zero
+    bits = x.view(torch.int32)
+    key = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(torch.int64)
+    col = torch.arange(x.shape[1], device=x.device, dtype=torch.int64)
+    ranked = key * (1 << 32) + (0x7FFFFFFF - col)
+    inside = (col >= starts_rel[:, None]) & (col < (starts_rel + lengths)[:, None])
+    return torch.where(inside, ranked, torch.iinfo(torch.int64).min)
+
+
+def _topk_then_ties(logits, starts_rel, lengths, long_rows, topk) -> torch.Tensor:
+    # k+1 sorted values tell whether the k-th value is tied across the cut without
+    # another pass over the block
+    vals, idx = torch.topk(logits, topk + 1, dim=1, sorted=True)
+    kth = vals[:, topk - 1]
+    # NaN == NaN is false, yet NaNs tie with each other (torch.topk ranks them highest)
+    tied = long_rows & ((vals[:, topk] == kth) | (vals[:, topk].isnan() & kth.isnan()))
+    idx = idx[:, :topk]
+    tied_rows = torch.nonzero(tied).flatten()
+    if tied_rows.numel():
+        idx[tied_rows] = _lowest_index_topk(logits, tied_rows, kth, topk, starts_rel, lengths)
+    return idx
 
 
 def _lowest_index_topk(

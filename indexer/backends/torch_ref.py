@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from ..partition import CostModel
-from ..problem import Problem
-from .base import Backend
-from .topk_torch import torch_topk
+from ..problem import LayerInputs, Problem
+from .base import Backend, Chunk
+from .topk_torch import prepare_topk
 
 _F32_MAX = torch.finfo(torch.float32).max
 _COL_BLOCK = 1024
@@ -38,20 +38,23 @@ class TorchBackend(Backend):
         per_row = 6 * width + 16 * cb + 12 * problem.topk
         return rows * per_row + cb * problem.head_dim * 8
 
-    def logits(self, problem: Problem, rows: tuple[int, int], cols: tuple[int, int], workspace: torch.Tensor) -> torch.Tensor:
-        out = workspace
-        a, b = rows
-        lo, hi = cols
-        q = problem.q[a:b].to(torch.float64)
-        w = problem.weights[a:b].to(torch.float64)
+    def prepare(self, problem: Problem, chunks) -> None:
+        prepare_topk(problem, chunks, "torch")
+
+    def logits(self, problem: Problem, inputs: LayerInputs, chunk: Chunk) -> torch.Tensor:
+        out = chunk.workspace
+        a, b = chunk.rows
+        lo, hi = chunk.cols
+        q = inputs.q[a:b].to(torch.float64)
+        w = inputs.weights[a:b].to(torch.float64)
         for c0 in range(lo, hi, _COL_BLOCK):
             c1 = min(hi, c0 + _COL_BLOCK)
-            kt = problem.k[c0:c1].to(torch.float64).t()
+            kt = inputs.k[c0:c1].to(torch.float64).t()
             acc = torch.zeros(b - a, c1 - c0, dtype=torch.float64, device=out.device)
             for h in range(problem.num_heads):
                 s = q[:, h, :] @ kt
                 acc.add_(s.clamp_(min=0).mul_(w[:, h : h + 1]))
-            acc.mul_(problem.k_scale[c0:c1].to(torch.float64))
+            acc.mul_(inputs.k_scale[c0:c1].to(torch.float64))
             # saturate instead of overflowing to +-inf in float32: inside a window every
             # logit stays finite, below nothing but the -inf outside it
             out[:, c0 - lo : c1 - lo].copy_(acc.clamp_(-_F32_MAX, _F32_MAX))
@@ -61,8 +64,8 @@ class TorchBackend(Backend):
         out.masked_fill_((col[None, :] < starts) | (col[None, :] >= ends), float("-inf"))
         return out
 
-    def topk(self, problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
-        torch_topk(problem, logits, rows, lo, out)
+    def topk(self, problem: Problem, chunk: Chunk, logits: torch.Tensor, out: torch.Tensor) -> None:
+        chunk.state["topk"](logits, out)
 
 
 BACKEND = TorchBackend()

@@ -57,7 +57,8 @@ def fit(samples: list[tuple[int, int, float]]):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..backends import run_rows, select_backend
+    from ..backends import select_backend
+    from ..backends.base import plan_chunks, prepare_chunks, run_chunks
     from ..partition import CostModel
     from ..partition.calibration import save_calibration
     from ..platform import platform_for_device
@@ -68,11 +69,14 @@ def run(args: argparse.Namespace) -> int:
     backend = None
     for keys in int_list(args.keys):
         for width in (keys + 1, 4 * keys):
-            problem = _problem(args.rows, keys, width, args.heads, args.head_dim, args.topk, device, platform.fp8_dtype)
+            problem, inputs = _problem(args.rows, keys, width, args.heads, args.head_dim, args.topk, device, platform.fp8_dtype)
             if backend is None:
                 backend = select_backend(problem, platform, args.backend) if args.backend != "auto" else select_backend(problem, platform)
             out = torch.empty(args.rows, args.topk, dtype=torch.int32, device=device)
-            ms = median_ms(lambda: run_rows(backend, problem, [(0, args.rows)], out, 2**40), device, warmup=1, repeats=args.repeats)
+            chunks = plan_chunks(backend, problem, [(0, args.rows)], 2**40)
+            prepare_chunks(backend, problem, chunks, 2**40)
+            ms = median_ms(lambda: run_chunks(backend, problem, inputs, chunks, out), device, warmup=1,
+                           repeats=args.repeats)
             samples.append((keys, width, ms / args.rows))
             rows_out.append(dict(L=keys, W=width, ms=ms, us_row=1e3 * ms / args.rows))
     a, b, c = fit(samples)

@@ -103,14 +103,16 @@ def tune_triton(args: argparse.Namespace) -> int:
 def _deepgemm_ms(inp, m: int, n: int, args: argparse.Namespace, device: torch.device) -> float | None:
     """DeepGEMM's logits time on the same inputs, or None where it cannot run."""
     from ..backends import get_backend
+    from ..backends.base import single_chunk
     from ..problem import validate
 
-    problem = validate(*inp.args(), args.topk)
+    problem, inputs = validate(*inp.args(), args.topk)
     backend = get_backend("deepgemm")
     if backend.not_supported_reasons(problem):
         return None
     try:
-        return median_ms(lambda: backend.logits(problem, (0, m), (0, n), None), device, warmup=1, repeats=args.repeats)
+        chunk = single_chunk(backend, problem, (0, m), (0, n))
+        return median_ms(lambda: backend.logits(problem, inputs, chunk), device, warmup=1, repeats=args.repeats)
     except Exception as exc:  # noqa: BLE001 - the Triton rows above still stand
         print(f"DeepGEMM did not run: {type(exc).__name__}: {exc}")
         return None
@@ -120,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tune_triton:
         return tune_triton(args)
     from ..backends import get_backend
+    from ..backends.base import single_chunk
     from ..platform import platform_for_device
     from ..problem import validate
     from ..synthetic import make_inputs
@@ -129,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     for n in int_list(args.context):
         m = min(args.rows, n)
         inp = make_inputs([n], [m], args.heads, args.head_dim, device, seed=n)
-        problem = validate(*inp.args(), args.topk)
+        problem, inputs = validate(*inp.args(), args.topk)
         pairs = int((problem.ends_host - problem.starts_host).sum())
         flops = 2.0 * args.heads * args.head_dim * pairs
         ref_idx = None
@@ -140,22 +143,22 @@ def run(args: argparse.Namespace) -> int:
             if reasons:
                 rows.append(dict(N=n, M=m, backend=name, note="; ".join(reasons)[:60]))
                 continue
-            ws = torch.empty(m, n, dtype=torch.float32, device=device) if backend.uses_workspace else None
+            chunk = single_chunk(backend, problem, (0, m), (0, n))
             out = torch.empty(m, args.topk, dtype=torch.int32, device=device)
             reps = args.repeats if name != "torch" else min(args.repeats, 2)
-            logits = backend.logits(problem, (0, m), (0, n), ws)
-            t_logits = median_ms(lambda: backend.logits(problem, (0, m), (0, n), ws), device, warmup=1, repeats=reps)
-            t_topk = median_ms(lambda: backend.topk(problem, logits, (0, m), 0, out), device, warmup=1, repeats=reps)
-            backend.topk(problem, logits, (0, m), 0, out)
+            logits = backend.logits(problem, inputs, chunk)
+            t_logits = median_ms(lambda: backend.logits(problem, inputs, chunk), device, warmup=1, repeats=reps)
+            t_topk = median_ms(lambda: backend.topk(problem, chunk, logits, out), device, warmup=1, repeats=reps)
+            backend.topk(problem, chunk, logits, out)
             sample = torch.arange(0, m, max(1, m // 64), device=device)
             if ref_idx is None:
-                ref_idx, ref_rows = _reference_sample(problem, sample, args.topk)
+                ref_idx, ref_rows = _reference_sample(problem, inputs, sample, args.topk)
             same, valid = _agreement(out[sample], ref_idx, ref_rows, args.topk)
             rows.append(dict(
                 N=n, M=m, backend=name, logits_ms=t_logits, topk_ms=t_topk, total_ms=t_logits + t_topk,
                 tflops=flops / t_logits / 1e9, exact=same, valid=valid, note="",
             ))
-            logits = ws = None  # free the block before the next backend
+            logits = chunk = None  # free the block before the next backend
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     cols = [("N", "keys N", "d"), ("M", "rows M", "d"), ("backend", "backend", "s"), ("logits_ms", "logits ms", ".2f"),
@@ -184,18 +187,19 @@ def _agreement(got: torch.Tensor, ref_idx: torch.Tensor, ref_rows: list, topk: i
     return same.float().mean().item(), valid / max(1, len(ref_rows))
 
 
-def _reference_sample(problem, sample, topk):
+def _reference_sample(problem, inputs, sample, topk):
     """Top-k sets (sorted) and float64-exact logits of the sampled rows, by the torch reference."""
     from ..backends import get_backend
+    from ..backends.base import single_chunk
 
     ref = get_backend("torch")
     out, rows = [], []
     for m in sample.tolist():
         lo, hi = int(problem.starts_host[m]), int(problem.ends_host[m])
-        ws = torch.empty(1, max(hi - lo, 1), dtype=torch.float32, device=problem.device)
-        block = ref.logits(problem, (m, m + 1), (lo, max(hi, lo + 1)), ws)
+        chunk = single_chunk(ref, problem, (m, m + 1), (lo, max(hi, lo + 1)))
+        block = ref.logits(problem, inputs, chunk)
         res = torch.empty(1, topk, dtype=torch.int32, device=problem.device)
-        ref.topk(problem, block, (m, m + 1), lo, res)
+        ref.topk(problem, chunk, block, res)
         out.append(res)
         rows.append(block[0, : hi - lo].clone())
     return torch.cat(out).sort(1).values, rows

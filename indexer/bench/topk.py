@@ -119,7 +119,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..backends.topk_torch import torch_topk
+    from ..backends.topk_torch import row_topk
     from ..backends.triton import _kernels as tk
 
     device = torch.device(args.device)
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         valid_bytes = int(lengths.sum()) * 4
         floor = valid_bytes / bw if bw else None
         ref = torch.empty(m, k, dtype=torch.int32, device=device)
-        torch_topk(problem, logits, (0, m), 0, ref)
+        row_topk(logits, starts, lengths, k, ref)
         base = dict(N=n, M=m, logits=backend.name, floor_ms=floor)
 
         def add(method, fn, out, note="", host=False):
@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         idx = torch.empty(m, k, dtype=torch.int64, device=device)
         add("torch.topk", lambda: torch.topk(logits, k, dim=1, out=(vals, idx)), None)
         out = torch.empty(m, k, dtype=torch.int32, device=device)
-        add("torch path", lambda: torch_topk(problem, logits, (0, m), 0, out), out)
+        add("torch path", lambda: row_topk(logits, starts, lengths, k, out), out)
         if have_triton:
             from ..backends.triton._topk import STAT_PLAIN, STAT_SAMPLED, ragged_topk
 
@@ -312,20 +312,22 @@ def _late_chunk_problem(args: argparse.Namespace, device: torch.device, n: int):
 
 
 def _late_chunk_logits(args: argparse.Namespace, device: torch.device, n: int):
+    # the logits block of that chunk (values outside each row's window unspecified)
     from ..backends import select_backend
+    from ..backends.base import single_chunk
     from ..platform import platform_for_device
 
-    problem = _late_chunk_problem(args, device, n)
-    m = problem.q.shape[0]
+    problem, inputs = _late_chunk_problem(args, device, n)
+    m = problem.num_rows
     backend = select_backend(problem, platform_for_device(device), args.backend or "auto")
-    ws = torch.empty(m, n, dtype=torch.float32, device=device) if backend.uses_workspace else None
-    return problem, backend, backend.logits(problem, (0, m), (0, n), ws)
+    chunk = single_chunk(backend, problem, (0, m), (0, n))
+    return problem, backend, backend.logits(problem, inputs, chunk)
 
 
 def _tune(args: argparse.Namespace, device: torch.device) -> dict:
     """Time the Triton top-k's launch configs side by side on the largest context; install
     the fastest in ``TOPK_CONFIGS`` for this process and return it."""
-    from ..backends.topk_torch import torch_topk
+    from ..backends.topk_torch import row_topk
     from ..backends.triton import _topk as T
 
     n = args.tune_context or max(int_list(args.context))
@@ -334,7 +336,7 @@ def _tune(args: argparse.Namespace, device: torch.device) -> dict:
     starts = problem.row_starts.to(torch.int64)
     lengths = problem.row_ends.to(torch.int64) - starts
     ref = torch.empty(m, args.topk, dtype=torch.int32, device=device)
-    torch_topk(problem, logits, (0, m), 0, ref)
+    row_topk(logits, starts, lengths, args.topk, ref)
     out = torch.empty(m, args.topk, dtype=torch.int32, device=device)
     rows = []
     grid = [dict(filter_block=128 * w, num_warps=w, programs_per_sm=p, select_warps=s, fused=bool(f), prefetch=d,
@@ -417,6 +419,7 @@ def _fused(args: argparse.Namespace, device: torch.device) -> list[dict]:
     """Logits + top-k of a late chunk: unfused (DeepGEMM's logits where it runs, Triton's)
     and fused, side by side; each with its peak of memory beyond the inputs and output."""
     from ..backends import get_backend
+    from ..backends.base import single_chunk
     from ..backends.triton import _fused_topk as F
     from ..backends.triton import _kernels as tk
     from ..backends.triton._topk import ragged_topk
@@ -424,19 +427,19 @@ def _fused(args: argparse.Namespace, device: torch.device) -> list[dict]:
     cuda = device.type == "cuda"
     rows = []
     for n in int_list(args.fused):
-        problem = _late_chunk_problem(args, device, n)
-        m = problem.q.shape[0]
-        q, k, k_scale, w = problem.q, problem.k, problem.k_scale, problem.weights
+        problem, inputs = _late_chunk_problem(args, device, n)
+        m = problem.num_rows
+        q, k, k_scale, w = inputs
         starts, ends = problem.row_starts, problem.row_ends
         lengths = ends - starts
         out = torch.empty(m, args.topk, dtype=torch.int32, device=device)
         ways = {}
         dg = get_backend("deepgemm")
         if not dg.not_supported_reasons(problem):
-            ws = torch.empty(m, n, dtype=torch.float32, device=device) if dg.uses_workspace else None
+            chunk = single_chunk(dg, problem, (0, m), (0, n))
 
-            def deepgemm(ws=ws):
-                logits = dg.logits(problem, (0, m), (0, n), ws)
+            def deepgemm(chunk=chunk):
+                logits = dg.logits(problem, inputs, chunk)
                 ragged_topk(logits, starts, lengths, args.topk, out)
             ways["deepgemm + triton top-k"] = deepgemm
         ways["triton + triton top-k"] = lambda: ragged_topk(tk.mqa_logits(q, k, k_scale, w, starts, ends), starts,

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
         inp = make_inputs([1], [1], args.heads, args.head_dim, device, fp8_dtype=platform.fp8_dtype)
-        problem = validate(*inp.args(), args.topk)
+        problem, _ = validate(*inp.args(), args.topk)
         print(f"\nbackends for H={args.heads} D={args.head_dim} topk={args.topk} on {device} (priority order):")
     else:
         print("\nbackends (priority order for this platform):")

@@ -3,9 +3,10 @@
 from .agree import agreed_cost_model, forget_agreements
 from .guard import InconsistentRanksError, check_consistency, fingerprint
 from .probe import GroupCaps, backend_name, clear_cache, probe_group
-from .reassemble import MODES, RING_STRATEGIES, ReassemblyError, choose_mode, mode_reasons, reassemble, supported_modes
+from .reassemble import MODES, Exchange, RING_STRATEGIES, ReassemblyError, choose_mode, mode_reasons, reassemble, supported_modes
 
 __all__ = [
+    "Exchange",
     "GroupCaps",
     "InconsistentRanksError",
     "MODES",

@@ -81,87 +81,6 @@ def _global(group: object, rank: int) -> int:
     return dist.get_global_rank(group, rank) if group is not None else rank
 
 
-def _wait(works: Sequence[object]) -> None:
-    for w in works:
-        if w is not None:
-            w.wait()
-
-
-def reassemble(local: torch.Tensor, plan: RowPlan, rank: int, group: object, mode: str, out: torch.Tensor) -> None:
-    """Fill ``out`` with every rank's rows.
-
-    Args:
-        local: ``[plan.rows_per_rank[rank], W]`` this rank's rows, in plan order.
-        plan: The plan every rank computed.
-        rank: This rank's index in ``group``.
-        group: Process group (``None``: the default group).
-        mode: ``allgatherv``, ``ring`` or ``padded`` (already resolved).
-        out: ``[M, W]`` contiguous, same dtype and device as ``local``.
-    """
-    if plan.num_rows == 0:
-        return
-    if mode in ("allgatherv", "padded") and _equal_slices_in_rank_order(plan):
-        _all_gather_single(out, local.contiguous(), group=group)
-        return
-    if mode == "allgatherv":
-        _allgatherv(local, plan, rank, group, out)
-    elif mode == "ring":
-        _ring(local, plan, rank, group, out)
-    elif mode == "padded":
-        _padded(local, plan, rank, group, out)
-    elif mode == "maxreduce":
-        _maxreduce(local, plan, rank, group, out)
-    else:
-        raise ReassemblyError(f"unknown reassembly mode {mode!r}; expected one of {'|'.join(MODES)}")
-
-
-def _rank_slots(plan: RowPlan, out: torch.Tensor, width: int) -> tuple[list[torch.Tensor], list[int]]:
-    """Per-rank receive buffers: the rank's rows of ``out`` when they are one range, else a
-    temporary to scatter afterwards (whose ranks are listed second)."""
-    slots, scatter = [], []
-    for r, pieces in enumerate(plan.pieces):
-        if len(pieces) == 1:
-            a, b = pieces[0]
-            slots.append(out[a:b])
-        elif not pieces:
-            slots.append(out[:0])
-        else:
-            slots.append(torch.empty(plan.rows_per_rank[r], width, dtype=out.dtype, device=out.device))
-            scatter.append(r)
-    return slots, scatter
-
-
-def _scatter(buf: torch.Tensor, pieces: Sequence[tuple[int, int]], out: torch.Tensor) -> None:
-    row = 0
-    for a, b in pieces:
-        out[a:b].copy_(buf[row : row + b - a])
-        row += b - a
-
-
-def _allgatherv(local: torch.Tensor, plan: RowPlan, rank: int, group: object, out: torch.Tensor) -> None:
-    slots, scatter = _rank_slots(plan, out, out.shape[1])
-    dist.all_gather(slots, local, group=group)
-    for r in scatter:
-        _scatter(slots[r], plan.pieces[r], out)
-
-
-def _padded(local: torch.Tensor, plan: RowPlan, rank: int, group: object, out: torch.Tensor) -> None:
-    world, width = plan.world_size, out.shape[1]
-    most = max(plan.rows_per_rank)
-    send = torch.empty(most, width, dtype=out.dtype, device=out.device)
-    send[: local.shape[0]].copy_(local)
-    recv = torch.empty(world * most, width, dtype=out.dtype, device=out.device)
-    _all_gather_single(recv, send, group=group)
-    for r in range(world):
-        _scatter(recv[r * most :], plan.pieces[r], out)
-
-
-def _maxreduce(local: torch.Tensor, plan: RowPlan, rank: int, group: object, out: torch.Tensor) -> None:
-    out.fill_(-1)
-    _scatter(local, plan.pieces[rank], out)
-    dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
-
-
 def _equal_slices_in_rank_order(plan: RowPlan) -> bool:
     """Whether rank r owns rows [r*M/tp, (r+1)*M/tp) exactly: then one all_gather of equal
     slices lands every row in place, with no padding and no scatter."""
@@ -171,36 +90,144 @@ def _equal_slices_in_rank_order(plan: RowPlan) -> bool:
     )
 
 
-def _ring(local: torch.Tensor, plan: RowPlan, rank: int, group: object, out: torch.Tensor) -> None:
-    world, m = plan.world_size, plan.num_rows
-    if plan.strategy == "remainder0":
-        base, rem = divmod(m, world)
-        # ranks own equal `base`-row blocks of [rem, M) in rank order (rank 0: the tail of
-        # its piece), plus rank 0's first `rem` rows, broadcast alongside
-        block_src = local[rem:] if rank == 0 else local
-        equal = (out[rem:], block_src, base)
-        extras = [(0, (0, rem), local[:rem] if rank == 0 else None)] if rem else []
-    elif plan.strategy == "fold":
-        h1 = fold_split(m, world)
-        g1 = h1 // world
-        equal = (out[:h1], local[:g1], g1)
-        # each rank's second-half group, as the plan cut it, broadcast from its owner
-        extras = [
-            (src, piece, local[g1:] if rank == src else None)
-            for src in range(world)
-            for piece in plan.pieces[src]
-            if piece[0] >= h1
-        ]
-    else:
-        raise ReassemblyError(f"ring exchanges only {'|'.join(RING_STRATEGIES)} plans, not {plan.strategy!r}")
+class Exchange:
+    """One rank's reassembly of one plan, prepared once and run every layer.
 
-    works = []
-    dst, src_rows, per_rank = equal
-    if per_rank:
-        works.append(_all_gather_single(dst, src_rows.contiguous(), group=group, async_op=True))
-    for src, (a, b), mine in extras:
-        buf = out[a:b]
-        if mine is not None:
-            buf.copy_(mine)
-        works.append(dist.broadcast(buf, src=_global(group, src), group=group, async_op=True))
-    _wait(works)
+    Each rank computes its rows straight into their places in the ``[M, W]`` output; the
+    exchange then fills in the other ranks' rows. Where the layout allows (one piece per
+    rank for ``allgatherv``; ``ring``; ``maxreduce``) the collectives read and write the
+    output itself; otherwise the temporaries (packed slices, padded buffers) are allocated
+    here, at plan time, never per run.
+
+    Args:
+        plan: The plan every rank computed.
+        rank: This rank's index in ``group``.
+        group: Process group (``None``: the default group).
+        mode: ``allgatherv``, ``ring``, ``padded`` or ``maxreduce`` (already resolved).
+        width: Columns ``W`` of the table (topk).
+        dtype, device: Of the table.
+    """
+
+    def __init__(self, plan: RowPlan, rank: int, group: object, mode: str, width: int, dtype: torch.dtype,
+                 device: torch.device):
+        if mode not in MODES:
+            raise ReassemblyError(f"unknown reassembly mode {mode!r}; expected one of {'|'.join(MODES)}")
+        if mode == "ring" and plan.strategy not in RING_STRATEGIES:
+            raise ReassemblyError(f"ring exchanges only {'|'.join(RING_STRATEGIES)} plans, not {plan.strategy!r}")
+        self.plan, self.rank, self.group, self.mode = plan, rank, group, mode
+        self.equal = mode in ("allgatherv", "padded") and _equal_slices_in_rank_order(plan)
+        mine = plan.pieces[rank]
+        rows = plan.rows_per_rank
+        new = lambda r: torch.empty(r, width, dtype=dtype, device=device)  # noqa: E731
+        self.send = self.recv = None
+        self.slots: dict[int, torch.Tensor] = {}
+        self.mine = mine
+        if plan.num_rows == 0 or self.equal:
+            return
+        if mode == "allgatherv":
+            # ranks of several pieces gather through a packed slot (their own: packed first)
+            self.slots = {r: new(rows[r]) for r, p in enumerate(plan.pieces) if len(p) > 1}
+        elif mode == "padded":
+            most = max(rows)
+            self.send = new(most)
+            self.recv = new(plan.world_size * most)
+
+    def before(self, out: torch.Tensor) -> None:
+        """Before this rank computes into ``out``: ``maxreduce`` starts from ``-1`` (below
+        every valid index) in the rows other ranks fill."""
+        if self.mode == "maxreduce" and self.plan.num_rows and not self.equal:
+            out.fill_(-1)
+
+    def __call__(self, out: torch.Tensor) -> None:
+        """Fill ``out`` (contiguous ``[M, W]``, this rank's rows already in place) with
+        every other rank's rows."""
+        plan, group = self.plan, self.group
+        if plan.num_rows == 0:
+            return
+        if self.equal:
+            per = plan.num_rows // plan.world_size
+            _all_gather_single(out, out[self.rank * per : (self.rank + 1) * per], group=group)
+        elif self.mode == "allgatherv":
+            self._allgatherv(out)
+        elif self.mode == "ring":
+            self._ring(out)
+        elif self.mode == "padded":
+            self._padded(out)
+        else:
+            dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
+
+    def _allgatherv(self, out: torch.Tensor) -> None:
+        plan = self.plan
+        slots = [self.slots.get(r, out[p[0][0] : p[0][1]] if p else out[:0]) for r, p in enumerate(plan.pieces)]
+        local = slots[self.rank]
+        if self.rank in self.slots:
+            _gather_pieces(out, self.mine, local)
+        dist.all_gather(slots, local, group=self.group)
+        for r, buf in self.slots.items():
+            if r != self.rank:
+                _scatter(buf, plan.pieces[r], out)
+
+    def _padded(self, out: torch.Tensor) -> None:
+        plan, world = self.plan, self.plan.world_size
+        most = self.send.shape[0]
+        _gather_pieces(out, self.mine, self.send)
+        _all_gather_single(self.recv, self.send, group=self.group)
+        for r in range(world):
+            if r != self.rank:
+                _scatter(self.recv[r * most :], plan.pieces[r], out)
+
+    def _ring(self, out: torch.Tensor) -> None:
+        plan, rank, world, m, group = self.plan, self.rank, self.plan.world_size, self.plan.num_rows, self.group
+        if plan.strategy == "remainder0":
+            base, rem = divmod(m, world)
+            # ranks own equal `base`-row blocks of [rem, M) in rank order (rank 0: the tail
+            # of its piece), plus rank 0's first `rem` rows, broadcast alongside
+            equal = (out[rem:], out[rem + rank * base : rem + (rank + 1) * base], base)
+            extras = [(0, (0, rem))] if rem else []
+        else:  # fold
+            h1 = fold_split(m, world)
+            g1 = h1 // world
+            equal = (out[:h1], out[rank * g1 : (rank + 1) * g1], g1)
+            # each rank's second-half group, as the plan cut it, broadcast from its owner
+            extras = [(src, piece) for src in range(world) for piece in plan.pieces[src] if piece[0] >= h1]
+        works = []
+        dst, src_rows, per_rank = equal
+        if per_rank:
+            works.append(_all_gather_single(dst, src_rows, group=group, async_op=True))
+        for src, (a, b) in extras:
+            works.append(dist.broadcast(out[a:b], src=_global(group, src), group=group, async_op=True))
+        _wait(works)
+
+
+def _wait(works: Sequence[object]) -> None:
+    for w in works:
+        if w is not None:
+            w.wait()
+
+
+def _gather_pieces(out: torch.Tensor, pieces: Sequence[tuple[int, int]], buf: torch.Tensor) -> None:
+    row = 0
+    for a, b in pieces:
+        buf[row : row + b - a].copy_(out[a:b])
+        row += b - a
+
+
+def _scatter(buf: torch.Tensor, pieces: Sequence[tuple[int, int]], out: torch.Tensor) -> None:
+    row = 0
+    for a, b in pieces:
+        out[a:b].copy_(buf[row : row + b - a])
+        row += b - a
+
+
+def reassemble(local: torch.Tensor, plan: RowPlan, rank: int, group: object, mode: str, out: torch.Tensor) -> None:
+    """Fill ``out`` with every rank's rows, from this rank's rows packed in ``local`` (a
+    one-off :class:`Exchange`).
+
+    Args:
+        local: ``[plan.rows_per_rank[rank], W]`` this rank's rows, in plan order.
+        out: ``[M, W]`` contiguous, same dtype and device as ``local``.
+    """
+    ex = Exchange(plan, rank, group, mode, out.shape[1], out.dtype, out.device)
+    ex.before(out)
+    _scatter(local, plan.pieces[rank], out)
+    ex(out)

@@ -1,11 +1,13 @@
-"""DeepGEMM backend (NVIDIA sm90 / sm100): ``deep_gemm.fp8_mqa_logits`` + torch top-k.
+"""DeepGEMM backend (NVIDIA sm90 / sm100): ``deep_gemm.fp8_mqa_logits`` + the Triton or torch top-k.
 
 Facts this wrapper relies on (DeepGEMM 2.x, measured on an H200): q must be a contiguous
 fp8 e4m3fn ``[M, H, D]`` with H in {32, 64} on sm90 (8..64 on sm100) and D in {32, 64, 128}
 (other head counts up to 64 are padded here with zero-weight heads, which changes nothing);
 weights float32 and contiguous (the sm90 kernel assumes a row stride of H); ks/ke int32
 contiguous on the GPU; the output is a non-contiguous ``[M, N]`` view (row stride padded to
-``N + 256`` rounded up), ``-inf`` outside ``[ks, ke)`` with ``clean_logits=True``. The first
+``N + 256`` rounded up), or with ``max_seqlen_k=L`` (where the installed DeepGEMM has it)
+compressed ``[M, L]`` rows, row i's column j being key ``ks[i] + j``; called with
+``clean_logits=False`` (required when compressed), so only each row's window is written. The first
 call of each (H, D) variant JIT-compiles with nvcc (cached in ``DG_JIT_CACHE_DIR``).
 
 ``deep_gemm`` is imported on first use, never at ``import indexer``.
@@ -19,9 +21,9 @@ import torch
 
 from ...partition import CostModel
 from ...platform import current_platform, platform_for_device
-from ...problem import Problem
-from ..base import Backend, relative_bounds
-from ..topk_torch import chosen_topk, topk_row_bytes
+from ...problem import LayerInputs, Problem
+from ..base import Backend, Chunk
+from ..topk_torch import bind_topk, prepare_topk, topk_row_bytes
 
 _ARCH_HEADS = {"sm90": (32, 64), "sm100": (8, 16, 32, 64), "sm103": (8, 16, 32, 64)}
 
@@ -52,28 +54,30 @@ _INSTALL_HINT = "install DeepGEMM built for your torch (README: 'Vendor backends
 
 
 @functools.lru_cache(maxsize=1)
-def _load() -> tuple[object | None, str]:
-    """``(logits function, "")`` or ``(None, why not)``; imports deep_gemm once."""
+def _load() -> tuple[object | None, bool, str]:
+    """``(logits function, whether it writes compressed rows, "")`` or ``(None, False, why
+    not)``; imports deep_gemm once. The function is called as ``fn(q, kv, weights, ks, ke,
+    max_seqlen_k)``: 0 for full-width rows, else compressed rows of that many columns."""
     try:
         import deep_gemm
     except Exception as exc:  # noqa: BLE001 - any import failure is a reason, not a crash
         kind = "not installed" if isinstance(exc, ModuleNotFoundError) else f"import failed ({type(exc).__name__}: {exc})"
-        return None, f"deep_gemm {kind}; {_INSTALL_HINT}"
-    if hasattr(deep_gemm, "fp8_fp4_mqa_logits"):
-        fn = deep_gemm.fp8_fp4_mqa_logits
+        return None, False, f"deep_gemm {kind}; {_INSTALL_HINT}"
+    for name, pair in (("fp8_fp4_mqa_logits", True), ("fp8_mqa_logits", False)):
+        fn = getattr(deep_gemm, name, None)
+        if fn is None:
+            continue
+        # pybind11 states the keywords in the docstring's signature
+        compressed = "max_seqlen_k" in (getattr(fn, "__doc__", "") or "")
 
-        def logits(q, kv, weights, ks, ke):
-            return fn((q, None), kv, weights, ks, ke, clean_logits=True)
+        def logits(q, kv, weights, ks, ke, max_seqlen_k, fn=fn, pair=pair, compressed=compressed):
+            # clean_logits=False: every top-k here reads each row's window only, so the
+            # pass that writes -inf around the windows is not needed
+            extra = dict(max_seqlen_k=max_seqlen_k) if compressed else {}
+            return fn((q, None) if pair else q, kv, weights, ks, ke, clean_logits=False, **extra)
 
-        return logits, ""
-    if hasattr(deep_gemm, "fp8_mqa_logits"):
-        fn = deep_gemm.fp8_mqa_logits
-
-        def logits(q, kv, weights, ks, ke):
-            return fn(q, kv, weights, ks, ke, clean_logits=True)
-
-        return logits, ""
-    return None, f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has neither fp8_mqa_logits nor fp8_fp4_mqa_logits"
+        return logits, compressed, ""
+    return None, False, f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has neither fp8_mqa_logits nor fp8_fp4_mqa_logits"
 
 
 def _align(x: torch.Tensor, to: int) -> torch.Tensor:
@@ -92,7 +96,7 @@ class DeepGemmBackend(Backend):
 
     def not_supported_reasons(self, problem: Problem | None) -> list[str]:
         reasons = []
-        fn, why = _load()
+        fn, _, why = _load()
         if fn is None:
             reasons.append(why)
         if problem is None:
@@ -131,22 +135,44 @@ class DeepGemmBackend(Backend):
         # rows padded to N + 256 rounded to 256 columns, row count to the q block (<= 16)
         return _align(rows, 16) * _align(width + 256, 256) * 4
 
-    def logits(self, problem: Problem, rows: tuple[int, int], cols: tuple[int, int], workspace: torch.Tensor | None) -> torch.Tensor:
-        fn, why = _load()
+    def compressed_logits(self, problem: Problem) -> bool:
+        return _load()[1]
+
+    def prepare(self, problem: Problem, chunks) -> None:
+        arch = platform_for_device(problem.device).arch
+        hp = padded_heads(problem.num_heads, arch)
+        pad = hp is not None and hp != problem.num_heads
+        if pad:
+            # zero-weight heads, shared by the plan's chunks (run one after another)
+            most = max((c.num_rows for c in chunks), default=0)
+            q_pad = torch.zeros(most, hp, problem.head_dim, dtype=problem.fp8_dtype, device=problem.device)
+            w_pad = torch.zeros(most, hp, dtype=torch.float32, device=problem.device)
+            for c in chunks:
+                c.state["pad"] = (q_pad[: c.num_rows], w_pad[: c.num_rows])
+        prepare_topk(problem, chunks)
+
+    def bind(self, problem: Problem, chunks) -> None:
+        bind_topk(chunks)
+
+    def logits(self, problem: Problem, inputs: LayerInputs, chunk: Chunk) -> torch.Tensor:
+        fn, _, why = _load()
         if fn is None:
             raise RuntimeError(why)
-        a, b = rows
-        lo, hi = cols
-        ks, ke = relative_bounds(problem, rows, cols)
-        kv = (problem.k[lo:hi].contiguous(), problem.k_scale[lo:hi].contiguous())
-        q, w = problem.q[a:b].contiguous(), problem.weights[a:b].contiguous()
-        hp = padded_heads(problem.num_heads, platform_for_device(problem.device).arch)
-        if hp is not None and hp != problem.num_heads:
-            q, w = pad_heads(q, w, hp)
-        return fn(q, kv, w, ks, ke)
+        a, b = chunk.rows
+        lo, hi = chunk.cols
+        kv = (inputs.k[lo:hi].contiguous(), inputs.k_scale[lo:hi].contiguous())
+        q, w = inputs.q[a:b].contiguous(), inputs.weights[a:b].contiguous()
+        pad = chunk.state.get("pad")
+        if pad is not None:
+            q_pad, w_pad = pad
+            h = problem.num_heads
+            q_pad[:, :h].copy_(q)
+            w_pad[:, :h].copy_(w)
+            q, w = q_pad, w_pad
+        return fn(q, kv, w, chunk.starts, chunk.ends, chunk.width if chunk.compressed else 0)
 
-    def topk(self, problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
-        chosen_topk(problem, logits, rows, lo, out)
+    def topk(self, problem: Problem, chunk: Chunk, logits: torch.Tensor, out: torch.Tensor) -> None:
+        chunk.state["topk"](logits, out)
 
 
 BACKEND = DeepGemmBackend()

@@ -25,9 +25,9 @@ import torch
 
 from ...partition import CostModel
 from ...platform import current_platform, platform_for_device
-from ...problem import Problem
-from ..base import Backend, relative_bounds
-from ..topk_torch import chosen_topk, topk_row_bytes
+from ...problem import LayerInputs, Problem
+from ..base import Backend, Chunk
+from ..topk_torch import bind_topk, prepare_topk, topk_row_bytes
 
 LOGITS_MODULES = ("aiter.ops.triton.attention.fp8_mqa_logits", "aiter.ops.triton.fp8_mqa_logits")
 TOPK_MODULE = "aiter.ops.topk"
@@ -142,27 +142,36 @@ class AiterBackend(Backend):
     def logits_alloc_bytes(self, rows: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
         return rows * ((width + 255) // 256 * 256) * 4  # AITER pads rows to 256 columns
 
-    def logits(self, problem: Problem, rows: tuple[int, int], cols: tuple[int, int], workspace: torch.Tensor | None) -> torch.Tensor:
+    def prepare(self, problem: Problem, chunks) -> None:
+        api = _load()
+        if api.topk is None:  # older AITER without a prefill top-k
+            prepare_topk(problem, chunks)
+        elif problem.device.type == "cuda" and any(not c.empty for c in chunks):
+            _topk_is_absolute(problem.device)  # probed here, at plan time, not mid-run
+
+    def bind(self, problem: Problem, chunks) -> None:
+        bind_topk(chunks)
+
+    def logits(self, problem: Problem, inputs: LayerInputs, chunk: Chunk) -> torch.Tensor:
         api = _load()
         if api.logits is None:
             raise RuntimeError(api.error)
-        a, b = rows
-        lo, hi = cols
-        starts, ends = relative_bounds(problem, rows, cols)
+        a, b = chunk.rows
+        lo, hi = chunk.cols
         return api.logits(
-            problem.q[a:b].contiguous(), problem.k[lo:hi].contiguous(), problem.k_scale[lo:hi].contiguous(),
-            problem.weights[a:b].contiguous(), starts, ends,
+            inputs.q[a:b].contiguous(), inputs.k[lo:hi].contiguous(), inputs.k_scale[lo:hi].contiguous(),
+            inputs.weights[a:b].contiguous(), chunk.starts, chunk.ends,
         )
 
-    def topk(self, problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
-        api = _load()
-        if api.topk is None:  # older AITER without a prefill top-k
-            chosen_topk(problem, logits, rows, lo, out)
+    def topk(self, problem: Problem, chunk: Chunk, logits: torch.Tensor, out: torch.Tensor) -> None:
+        run = chunk.state.get("topk")
+        if run is not None:
+            run(logits, out)
             return
-        starts, ends = relative_bounds(problem, rows, (lo, lo + logits.shape[1]))
-        _call_topk(api, logits, starts, ends, out, problem.topk)
+        api = _load()
+        _call_topk(api, logits, chunk.starts, chunk.ends, out, problem.topk)
         if _topk_is_absolute(logits.device):
-            out.copy_(torch.where(out >= 0, out - starts[:, None], out))
+            out.sub_(torch.where(out >= 0, chunk.starts[:, None], 0))
 
 
 BACKEND = AiterBackend()

@@ -11,9 +11,9 @@ import torch
 
 from ...partition import CostModel
 from ...platform import platform_for_device
-from ...problem import Problem
-from ..base import Backend, relative_bounds
-from ..topk_torch import chosen_topk, topk_row_bytes
+from ...problem import LayerInputs, Problem
+from ..base import Backend, Chunk
+from ..topk_torch import bind_topk, prepare_topk, topk_row_bytes
 
 _HEAD_DIMS = (32, 64, 128)
 _AMD_FP8_ARCHS = ("gfx942", "gfx950")
@@ -47,20 +47,26 @@ class TritonBackend(Backend):
             reasons.append(f"head dim D={problem.head_dim} not in {_HEAD_DIMS}")
         return reasons
 
-    def logits(self, problem: Problem, rows: tuple[int, int], cols: tuple[int, int], workspace: torch.Tensor) -> torch.Tensor:
-        a, b = rows
-        lo, hi = cols
-        starts, ends = relative_bounds(problem, rows, cols)
+    def prepare(self, problem: Problem, chunks) -> None:
+        prepare_topk(problem, chunks)
+
+    def bind(self, problem: Problem, chunks) -> None:
+        bind_topk(chunks)
+
+    def logits(self, problem: Problem, inputs: LayerInputs, chunk: Chunk) -> torch.Tensor:
+        a, b = chunk.rows
+        lo, hi = chunk.cols
         return _kmod().mqa_logits(
-            problem.q[a:b], problem.k[lo:hi], problem.k_scale[lo:hi], problem.weights[a:b], starts, ends, out=workspace
+            inputs.q[a:b], inputs.k[lo:hi], inputs.k_scale[lo:hi], inputs.weights[a:b], chunk.starts, chunk.ends,
+            out=chunk.workspace,
         )
 
     def chunk_bytes(self, rows: torch.Tensor, width: torch.Tensor, problem: Problem) -> torch.Tensor:
         # the float32 logits and the top-k's temporaries
         return rows * (width * 4 + topk_row_bytes(problem))
 
-    def topk(self, problem: Problem, logits: torch.Tensor, rows: tuple[int, int], lo: int, out: torch.Tensor) -> None:
-        chosen_topk(problem, logits, rows, lo, out)
+    def topk(self, problem: Problem, chunk: Chunk, logits: torch.Tensor, out: torch.Tensor) -> None:
+        chunk.state["topk"](logits, out)
 
 
 BACKEND = TritonBackend()

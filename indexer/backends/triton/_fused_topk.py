@@ -197,7 +197,7 @@ def logits_topk(
         raise RuntimeError("triton is not importable")
     # every check of prefill_topk's (shapes, dtypes, devices, finite scales, row bounds: one
     # device-to-host copy), then this kernel's own
-    problem = validate(q, k, k_scale, weights, row_starts, row_ends, topk)
+    problem, inputs = validate(q, k, k_scale, weights, row_starts, row_ends, topk)
     m, h, d = q.shape
     n = k.shape[0]
     # (out may have padded rows, unlike prefill_topk's)
@@ -227,7 +227,7 @@ def logits_topk(
     q = q.contiguous()
     k = k if k.stride(1) == 1 else k.contiguous()
     weights = weights.contiguous()
-    k_scale = problem.k_scale.contiguous()
+    k_scale = inputs.k_scale.contiguous()
 
     # 1. the sample's logits and the thresholds
     stride = sample_stride(n)

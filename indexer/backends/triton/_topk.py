@@ -1439,81 +1439,156 @@ def ragged_topk(
     rows, n = logits.shape
     if topk < 1:
         raise ValueError(f"topk must be at least 1, got {topk}")
-    if tuple(out.shape) != (rows, topk) or out.dtype != torch.int32 or out.device != logits.device:
-        raise ValueError(f"out must be int32 [{rows}, {topk}] on {logits.device}, got {out.dtype} "
-                         f"{list(out.shape)} on {out.device}")
-    if starts_rel.numel() != rows or lengths.numel() != rows:
-        raise ValueError(f"starts_rel and lengths need {rows} entries (one a row), got {starts_rel.numel()} "
-                         f"and {lengths.numel()}")
-    for name, x in (("starts_rel", starts_rel), ("lengths", lengths)):
-        if x.device != logits.device or x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
-            raise ValueError(f"{name} must be an integer tensor on {logits.device}, got {x.dtype} on {x.device}")
-    if logits.stride(1) != 1 or out.stride(1) != 1:
-        raise ValueError("logits and out need column stride 1")
-    _check_stats(stats, logits.device)
-    if direct_launch is not None and not isinstance(direct_launch, bool):
-        raise ValueError(f"direct_launch must be True, False or None, got {direct_launch!r}")
-    device = logits.device
-    config = launch_config(device)
-    cfg = tuple(zip(config.keys(), map(type, config.values()), config.values()))
-    if slices is None:
-        # (a fused select needs whole rows)
-        fused_on = config["fused"] if fused is None else fused
-        slices = 1 if fused_on is True else auto_slices(
-            device, rows, n, config["programs_per_sm"] if programs_per_sm is None else programs_per_sm)
-    programs_per_sm, num_warps, cap, sample_kw, filter_kw, retry_kw, selects = _plan(
-        device, cfg, topk, n, block, filter_block, num_warps, programs_per_sm, select_warps, tile, ballot, fused,
-        prefetch, tile_write, filter_maxnreg, select_maxnreg, dynamic, presample, ballot_write, radix_bits, pieces,
-        piece, sparse, sigmas, cap, sample_low_bit, sample_slack, stats is not None, slices, sample_max,
-        stats is not None and stats.numel() > STAT_RETRIED)
-    # NVIDIA only: AMD's Triton also specializes on whether a tensor spans under 2 GB
-    # (buffer ops), which the direct launches' key does not hold
-    # (the flag is read, and so checked, everywhere)
-    direct = _envs.value("TRITON_DIRECT_LAUNCH") if direct_launch is None else direct_launch
-    direct = direct and _nvidia(device)
-    if rows == 0:
-        return
-    # int32 or int64 as they come (the kernels load either): no conversion launches
-    starts = _index_vector(starts_rel)
-    lens = _index_vector(lengths)
-    # one allocation: the candidate lists (an int64 slot: value bits, column), then int32
-    # per-list counts, thresholds, their column cuts, the retry's thresholds and cuts, write
-    # counters and ctl: [0] the filter's next row or slice (dynamic), [1] rows queued for the
-    # second select launch, [2] its next entry, [3:] the queue. The kernels index rows
-    # themselves, so places in the flat buffer do (At: a view only where the JIT launches)
-    lists = rows * cap
-    # (split rows: a list counter and a slices-done counter a row)
-    counters = max(num_warps, 2)
-    buf = torch.empty(lists + (rows * (counters + 6) + 4) // 2, dtype=torch.int64, device=device)
-    cand32 = buf.view(torch.int32)
-    base = cand32.data_ptr()
-    at_wpos = 2 * lists + rows * (counters + 4)
-    counts = At(cand32, 2 * lists, base)
-    thr = At(cand32, at_wpos - 4 * rows, base)
-    tcol = At(cand32, at_wpos - 3 * rows, base)
-    thr2 = At(cand32, at_wpos - 2 * rows, base)
-    wpos = At(cand32, at_wpos, base)
-    ctl = At(cand32, at_wpos + rows, base)
-    # only the write counters and ctl[0:3] need zeros; the sample kernel zeroes them, else
-    # one fill does. A filtered row's counts and threshold are written before they are
-    # read; the select also loads them for a row of the plain road (shorter than
-    # sample_min, never filtered), whose road is already set by its length: the values
-    # read there are never used
-    if sample_kw is None:
-        cand32[at_wpos: at_wpos + rows + 3].zero_()  # wpos and ctl[0:3], adjacent
-    stats_arg = stats if stats is not None else lens
-    stride_lm = logits.stride(0)
-    index = device.index
-    with device_guard(logits):
-        if sample_kw is not None:
-            _SAMPLE(rows, (logits, starts, lens, thr, tcol, thr2, counts, wpos, ctl, rows, stride_lm, sample_min),
-                    sample_kw, index, direct)
-        units = _programs(device, rows * filter_kw["SL"], programs_per_sm)
-        filter_args = (logits, starts, lens, buf, cand32, counts, thr, tcol, thr2, out, ctl, wpos, stats_arg, rows,
-                       stride_lm, out.stride(0), sample_min)
-        _FILTER(units, filter_args, filter_kw, index, direct)
-        if retry_kw is not None:
-            _FILTER(units, filter_args, retry_kw, index, direct)
-        # a split row's candidates reach down to its retry's threshold, whether it retried or not
-        _run_selects(device, rows, selects, logits, starts, lens, out, cand32, counts,
-                     thr if retry_kw is None else thr2, ctl, wpos, stats_arg, stride_lm, sample_min, direct)
+    options = dict(block=block, filter_block=filter_block, num_warps=num_warps, programs_per_sm=programs_per_sm,
+                   select_warps=select_warps, tile=tile, ballot=ballot, fused=fused, prefetch=prefetch,
+                   tile_write=tile_write, filter_maxnreg=filter_maxnreg, select_maxnreg=select_maxnreg,
+                   dynamic=dynamic, presample=presample, ballot_write=ballot_write, radix_bits=radix_bits,
+                   pieces=pieces, piece=piece, sparse=sparse, sigmas=sigmas, cap=cap, sample_low_bit=sample_low_bit,
+                   sample_slack=sample_slack, slices=slices, sample_max=sample_max)
+    run = RaggedTopk(logits.device, rows, n, starts_rel, lengths, topk, stats=stats, direct_launch=direct_launch,
+                     sample_min=sample_min, **options)
+    run(logits, out)
+
+
+class RaggedTopk:
+    """:func:`ragged_topk` prepared once for a block shape and its row windows, run many
+    times: the options checked, the launches' arguments made and the scratch placed once,
+    so a call only checks the two tensors' shapes and launches (no sync, no allocation once
+    bound: CUDA-graph capturable).
+
+    Args:
+        device: Device of the logits.
+        rows, n: Shape ``[rows, n]`` of the logits blocks it will get.
+        starts_rel, lengths: int ``[rows]`` on ``device`` (read by the kernels at every
+            call, so they may be refreshed in place).
+        topk: Keys kept per row.
+        stats, direct_launch, sample_min, **options: As :func:`ragged_topk`'s.
+
+    Attributes:
+        scratch_numel: int64 elements of scratch a call needs (:meth:`bind`).
+
+    Raises:
+        ValueError: an option out of range (before any kernel runs).
+    """
+
+    def __init__(self, device: torch.device, rows: int, n: int, starts_rel: torch.Tensor, lengths: torch.Tensor,
+                 topk: int, *, stats: torch.Tensor | None = None, direct_launch: bool | None = None,
+                 sample_min: int = 0, block: int | None = None, slices: int | None = None, **options):
+        if triton is None:
+            raise RuntimeError("triton is not importable")
+        device = torch.device(device)
+        if topk < 1:
+            raise ValueError(f"topk must be at least 1, got {topk}")
+        if starts_rel.numel() != rows or lengths.numel() != rows:
+            raise ValueError(f"starts_rel and lengths need {rows} entries (one a row), got {starts_rel.numel()} "
+                             f"and {lengths.numel()}")
+        for name, x in (("starts_rel", starts_rel), ("lengths", lengths)):
+            if x.device != device or x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+                raise ValueError(f"{name} must be an integer tensor on {device}, got {x.dtype} on {x.device}")
+        _check_stats(stats, device)
+        if direct_launch is not None and not isinstance(direct_launch, bool):
+            raise ValueError(f"direct_launch must be True, False or None, got {direct_launch!r}")
+        o = dict(filter_block=None, num_warps=None, programs_per_sm=None, select_warps=None, tile=None, ballot=None,
+                 fused=None, prefetch=None, tile_write=None, filter_maxnreg=None, select_maxnreg=None, dynamic=None,
+                 presample=None, ballot_write=None, radix_bits=RADIX_BITS, pieces=None, piece=PIECE, sparse=SPARSE,
+                 sigmas=SIGMAS, cap=None, sample_low_bit=8, sample_slack=SAMPLE_SLACK, sample_max=SAMPLE_MAX)
+        unknown = set(options) - set(o)
+        if unknown:
+            raise TypeError(f"unknown ragged_topk options: {sorted(unknown)}")
+        o.update(options)
+        config = launch_config(device)
+        cfg = tuple(zip(config.keys(), map(type, config.values()), config.values()))
+        if slices is None:
+            # (a fused select needs whole rows)
+            fused_on = config["fused"] if o["fused"] is None else o["fused"]
+            per_sm = config["programs_per_sm"] if o["programs_per_sm"] is None else o["programs_per_sm"]
+            slices = 1 if fused_on is True else auto_slices(device, rows, n, per_sm)
+        self.plan = _plan(
+            device, cfg, topk, n, block, o["filter_block"], o["num_warps"], o["programs_per_sm"], o["select_warps"],
+            o["tile"], o["ballot"], o["fused"], o["prefetch"], o["tile_write"], o["filter_maxnreg"],
+            o["select_maxnreg"], o["dynamic"], o["presample"], o["ballot_write"], o["radix_bits"], o["pieces"],
+            o["piece"], o["sparse"], o["sigmas"], o["cap"], o["sample_low_bit"], o["sample_slack"], stats is not None,
+            slices, o["sample_max"], stats is not None and stats.numel() > STAT_RETRIED)
+        # NVIDIA only: AMD's Triton also specializes on whether a tensor spans under 2 GB
+        # (buffer ops), which the direct launches' key does not hold
+        # (the flag is read, and so checked, everywhere)
+        direct = _envs.value("TRITON_DIRECT_LAUNCH") if direct_launch is None else direct_launch
+        self.direct = direct and _nvidia(device)
+        self.device, self.rows, self.n, self.topk = device, rows, n, topk
+        self.stats, self.sample_min = stats, sample_min
+        # int32 or int64 as they come (the kernels load either): no conversion launches
+        self.starts = _index_vector(starts_rel)
+        self.lens = _index_vector(lengths)
+        _, num_warps, cap = self.plan[:3]
+        # (split rows: a list counter and a slices-done counter a row)
+        self.counters = max(num_warps, 2)
+        self.scratch_numel = rows * cap + (rows * (self.counters + 6) + 4) // 2
+        self.buf = None
+
+    def bind(self, scratch: torch.Tensor) -> None:
+        """Place the scratch: an int64 1-D tensor of at least :attr:`scratch_numel` elements
+        with unit stride on the device (contents undefined; the kernels zero what they need)."""
+        if (scratch.dtype != torch.int64 or scratch.dim() != 1 or scratch.numel() < self.scratch_numel
+                or scratch.device != self.device or (scratch.numel() > 1 and scratch.stride(0) != 1)):
+            raise ValueError(f"scratch must be int64 [>= {self.scratch_numel}] with unit stride on {self.device}, got "
+                             f"{scratch.dtype} {list(scratch.shape)} on {scratch.device}")
+        rows, cap = self.rows, self.plan[2]
+        # one allocation: the candidate lists (an int64 slot: value bits, column), then int32
+        # per-list counts, thresholds, their column cuts, the retry's thresholds and cuts, write
+        # counters and ctl: [0] the filter's next row or slice (dynamic), [1] rows queued for the
+        # second select launch, [2] its next entry, [3:] the queue. The kernels index rows
+        # themselves, so places in the flat buffer do (At: a view only where the JIT launches)
+        lists = rows * cap
+        self.buf = scratch
+        cand32 = self.cand32 = scratch.view(torch.int32)
+        base = cand32.data_ptr()
+        self.at_wpos = at_wpos = 2 * lists + rows * (self.counters + 4)
+        self.counts = At(cand32, 2 * lists, base)
+        self.thr = At(cand32, at_wpos - 4 * rows, base)
+        self.tcol = At(cand32, at_wpos - 3 * rows, base)
+        self.thr2 = At(cand32, at_wpos - 2 * rows, base)
+        self.wpos = At(cand32, at_wpos, base)
+        self.ctl = At(cand32, at_wpos + rows, base)
+
+    def __call__(self, logits: torch.Tensor, out: torch.Tensor) -> None:
+        """Select into ``out``: int32 ``[rows, topk]`` (column stride 1) from float32
+        ``[rows, n]`` logits (column stride 1, any row stride)."""
+        rows, topk, device = self.rows, self.topk, self.device
+        if tuple(logits.shape) != (rows, self.n) or logits.dtype != torch.float32 or logits.device != device:
+            raise ValueError(f"logits must be float32 [{rows}, {self.n}] on {device}, got {logits.dtype} "
+                             f"{list(logits.shape)} on {logits.device}")
+        if tuple(out.shape) != (rows, topk) or out.dtype != torch.int32 or out.device != device:
+            raise ValueError(f"out must be int32 [{rows}, {topk}] on {device}, got {out.dtype} "
+                             f"{list(out.shape)} on {out.device}")
+        if (self.n > 1 and logits.stride(1) != 1) or (topk > 1 and out.stride(1) != 1):
+            raise ValueError("logits and out need column stride 1")
+        if rows == 0:
+            return
+        if self.buf is None:
+            self.bind(torch.empty(self.scratch_numel, dtype=torch.int64, device=device))
+        programs_per_sm, _, _, sample_kw, filter_kw, retry_kw, selects = self.plan
+        starts, lens, cand32, buf = self.starts, self.lens, self.cand32, self.buf
+        counts, thr, tcol, thr2, wpos, ctl = self.counts, self.thr, self.tcol, self.thr2, self.wpos, self.ctl
+        # only the write counters and ctl[0:3] need zeros; the sample kernel zeroes them, else
+        # one fill does. A filtered row's counts and threshold are written before they are
+        # read; the select also loads them for a row of the plain road (shorter than
+        # sample_min, never filtered), whose road is already set by its length: the values
+        # read there are never used
+        if sample_kw is None:
+            cand32[self.at_wpos: self.at_wpos + rows + 3].zero_()  # wpos and ctl[0:3], adjacent
+        stats_arg = self.stats if self.stats is not None else lens
+        stride_lm, sample_min, direct = logits.stride(0), self.sample_min, self.direct
+        index = device.index
+        with device_guard(logits):
+            if sample_kw is not None:
+                _SAMPLE(rows, (logits, starts, lens, thr, tcol, thr2, counts, wpos, ctl, rows, stride_lm, sample_min),
+                        sample_kw, index, direct)
+            units = _programs(device, rows * filter_kw["SL"], programs_per_sm)
+            filter_args = (logits, starts, lens, buf, cand32, counts, thr, tcol, thr2, out, ctl, wpos, stats_arg, rows,
+                           stride_lm, out.stride(0), sample_min)
+            _FILTER(units, filter_args, filter_kw, index, direct)
+            if retry_kw is not None:
+                _FILTER(units, filter_args, retry_kw, index, direct)
+            # a split row's candidates reach down to its retry's threshold, whether it retried or not
+            _run_selects(device, rows, selects, logits, starts, lens, out, cand32, counts,
+                         thr if retry_kw is None else thr2, ctl, wpos, stats_arg, stride_lm, sample_min, direct)

@@ -1,0 +1,359 @@
+"""Plan once per forward step, run every layer: :func:`plan` and :class:`StepPlan`.
+
+An engine calls the indexer once per layer with the same row bounds for every layer of a
+step. :func:`plan` does, once, everything that depends only on the bounds, the shapes, the
+settings and the group: it reads the settings, picks the backend, checks the bounds, gates
+and plans the row split, probes the group, cuts this rank's rows into chunks, makes their
+device index tensors and the top-k's launch arguments, and allocates every buffer.
+:meth:`StepPlan.run` then checks the layer's tensors on the host in O(1) and launches the
+kernels and the exchange: no device sync, no env read, no allocation (with ``out`` given)
+beyond what a vendor kernel allocates itself, so it can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from . import envs
+from .backends import select_backend
+from .backends.base import fill_index, plan_chunks, prepare_chunks, run_chunks
+from .collective import (
+    RING_STRATEGIES,
+    Exchange,
+    GroupCaps,
+    ReassemblyError,
+    agreed_cost_model,
+    check_consistency,
+    choose_mode,
+    fingerprint,
+    mode_reasons,
+    probe_group,
+)
+from .partition import DEFAULT_STRIPE_ROWS, RowPlan, plan_candidates
+from .platform import platform_for_device
+from .problem import LayerInputs, Problem, check_inputs, check_out, check_values, make_problem
+
+log = logging.getLogger("indexer")
+
+
+@dataclass
+class StepInfo:
+    """What a step plan decided (and, for a timed call, how long its parts took).
+
+    Attributes:
+        backend: Backend that computes the logits and top-k.
+        sharded: Whether rows are split across the group (else every row computed here).
+        world_size: Ranks in the group (1 without a group).
+        rank: This rank.
+        plan: The row plan (``None`` when not sharded).
+        reassembly: Exchange mode (``None`` when not sharded).
+        reason: Why the step is or is not sharded.
+        notes: What the backend does differently for this problem (e.g. head padding).
+        chunks: Chunks this rank computes.
+        compressed_chunks: How many of them are compressed (a chunk spanning requests).
+        compute_ms: Time to compute this rank's rows (only with ``timing=True``).
+        wait_ms: Time this rank then waited for the slowest rank (only with ``timing=True``).
+        exchange_ms: Time of the reassembly alone (only with ``timing=True``).
+    """
+
+    backend: str
+    sharded: bool
+    world_size: int
+    rank: int
+    plan: RowPlan | None = None
+    reassembly: str | None = None
+    reason: str = ""
+    notes: tuple[str, ...] = ()
+    chunks: int = 0
+    compressed_chunks: int = 0
+    compute_ms: float | None = None
+    wait_ms: float | None = None
+    exchange_ms: float | None = None
+
+
+def plan(
+    row_starts: torch.Tensor,
+    row_ends: torch.Tensor,
+    *,
+    num_keys: int,
+    heads: int,
+    head_dim: int,
+    topk: int,
+    group: object | None = None,
+    device: torch.device | str | None = None,
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+    backend: str | None = None,
+    strategy: str | None = None,
+    reassembly: str | None = None,
+    max_logits_mb: float | None = None,
+    tp_shard: bool | None = None,
+    min_rows_per_rank: int | None = None,
+    check_values: str | None = None,
+) -> "StepPlan":
+    """Plan one forward step's indexer top-k; run it every layer with :meth:`StepPlan.run`.
+
+    With a tensor-parallel ``group``, every rank plans the same bounds (collectively: the
+    first plan on a group probes it and agrees on the cost model); each then computes only
+    its rows and all ranks return the identical full table.
+
+    Args:
+        row_starts: int ``[M]`` (int32 or int64), first key of each row's window. Host
+            tensors (as engines keep them) make planning sync-free; device tensors cost one
+            copy to the host here. Device int32 contiguous bounds are used in place (see
+            :meth:`StepPlan.update_bounds`).
+        row_ends: int ``[M]``, one past each row's last key; ``row_starts <= row_ends <=
+            num_keys``.
+        num_keys: ``N``, keys in the step's packed key buffer ``k``.
+        heads, head_dim: ``H`` and ``D`` of ``q``.
+        topk: Keys kept per row (2048 in DeepSeek-V3.2).
+        group: Tensor-parallel process group; ``None`` computes every row here.
+        device: Device of the layers' tensors (default: the bounds' device).
+        fp8_dtype: dtype of ``q`` and ``k``.
+        backend: ``auto`` or a backend name to force (default ``INDEXER_BACKEND``).
+        strategy: ``auto|contiguous|remainder0|fold|balanced|striped`` (default
+            ``INDEXER_TP_SHARD_STRATEGY``; stripe size ``INDEXER_TP_SHARD_STRIPE_ROWS``).
+        reassembly: ``auto|allgatherv|ring|padded|maxreduce`` (default ``INDEXER_REASSEMBLY``).
+        max_logits_mb: Working-set budget in MiB (default ``INDEXER_MAX_LOGITS_MB``).
+        tp_shard: Split rows across ``group`` (default ``INDEXER_TP_SHARD``).
+        min_rows_per_rank: Shard only when ``M >= min_rows_per_rank * world_size``
+            (default ``INDEXER_TP_SHARD_MIN_ROWS``, per platform).
+        check_values: ``off|async|sync``: each run checks that ``k_scale`` (where a row
+            reads it) and ``weights`` are finite (default ``INDEXER_CHECK_VALUES``, off).
+
+    Returns:
+        The :class:`StepPlan`.
+
+    Raises:
+        TypeError, ValueError: Bad bounds, shape or setting, named.
+        BackendUnavailableError: The forced backend (or every backend) cannot run.
+        ReassemblyError: A forced reassembly cannot exchange the plan on this group.
+        InconsistentRanksError: With ``INDEXER_CHECK_CONSISTENCY=1``, ranks disagree.
+    """
+    problem = make_problem(row_starts, row_ends, num_keys=num_keys, heads=heads, head_dim=head_dim, topk=topk,
+                           fp8_dtype=fp8_dtype, device=device)
+    return StepPlan(problem, group=group, backend=backend, strategy=strategy, reassembly=reassembly,
+                    max_logits_mb=max_logits_mb, tp_shard=tp_shard, min_rows_per_rank=min_rows_per_rank,
+                    check_values=check_values)
+
+
+class StepPlan:
+    """One step's indexer plan (made by :func:`plan`): run it every layer.
+
+    Attributes:
+        problem: The step's shapes and row bounds.
+        backend: The backend object.
+        info: What was decided (:class:`StepInfo`); ``str(plan)`` prints it.
+        chunks: This rank's chunks (rows, key range, layout).
+    """
+
+    def __init__(self, problem: Problem, *, group: object | None = None, backend: str | None = None,
+                 strategy: str | None = None, reassembly: str | None = None, max_logits_mb: float | None = None,
+                 tp_shard: bool | None = None, min_rows_per_rank: int | None = None,
+                 check_values: str | None = None):
+        self.problem = problem
+        platform = platform_for_device(problem.device)
+        key = platform.key
+        chosen = select_backend(problem, platform, envs.value("BACKEND", key, backend))
+        budget = int(envs.value("MAX_LOGITS_MB", key, max_logits_mb) * 2**20)
+        strategy_req = envs.value("TP_SHARD_STRATEGY", key, strategy)
+        reassembly_req = envs.value("REASSEMBLY", key, reassembly)
+        shard_on = envs.value("TP_SHARD", key, tp_shard)
+        min_rows = envs.value("TP_SHARD_MIN_ROWS", key, min_rows_per_rank)
+        stripe = envs.value("TP_SHARD_STRIPE_ROWS", key)
+        self.check = envs.value("CHECK_VALUES", key, check_values)
+        consistency = envs.value("CHECK_CONSISTENCY", key)
+
+        world, rank = 1, 0
+        if group is not None:
+            if not dist.is_available() or not dist.is_initialized():
+                raise ValueError("group was given but torch.distributed is not initialised")
+            world, rank = dist.get_world_size(group), dist.get_rank(group)
+        m = problem.num_rows
+        info = StepInfo(chosen.name, False, world, rank, notes=tuple(chosen.notes(problem)))
+        shard = world > 1 and shard_on and m >= min_rows * world
+        if consistency and world > 1:
+            # before anything that only sharding ranks do, so disagreeing ranks raise, not hang
+            digest = fingerprint(
+                problem.shape_key(), str(problem.fp8_dtype), chosen.name, shard, strategy_req, reassembly_req, stripe,
+                tensors=(problem.starts_host, problem.ends_host),
+            )
+            check_consistency(
+                digest, group, problem.device,
+                "(M, N, H, D, topk, dtype, backend, row bounds, whether to shard, strategy, reassembly, stripe rows)",
+            )
+        row_plan = None
+        if world == 1:
+            info.reason = "no tensor-parallel group"
+        elif not shard_on:
+            info.reason = "sharding disabled (INDEXER_TP_SHARD / tp_shard)"
+        elif not shard:
+            info.reason = f"M={m} < min_rows_per_rank {min_rows} x tp {world}: replicated"
+        else:
+            caps = probe_group(group, problem.device)
+            model = agreed_cost_model(group, problem.device, chosen, platform.arch)
+            row_plan, mode = choose_plan(problem, model, caps, strategy_req, reassembly_req, stripe)
+            info.sharded, info.plan, info.reassembly = True, row_plan, mode
+            info.reason = f"sharded: {row_plan.describe()}, reassembly {mode}"
+        ranges = row_plan.rank_rows(rank) if row_plan is not None else [(0, m)]
+        self.chunks = plan_chunks(chosen, problem, ranges, budget)
+        self.workspace = prepare_chunks(chosen, problem, self.chunks, budget)
+        info.chunks = len(self.chunks)
+        info.compressed_chunks = sum(c.compressed for c in self.chunks)
+        self.exchange = None
+        self.result = None
+        if row_plan is not None:
+            self.exchange = Exchange(row_plan, rank, group, info.reassembly, problem.topk, torch.int32, problem.device)
+            # the exchange needs a contiguous table: an `out` that is not gets a copy of this
+            self.result = torch.empty(m, problem.topk, dtype=torch.int32, device=problem.device)
+        self.backend, self.info, self.group = chosen, info, group
+        log.debug("indexer plan M=%d N=%d: %s", m, problem.num_keys, self)
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+        """The step's top-k table for one layer.
+
+        Args:
+            q: fp8 ``[M, H, D]`` (the plan's dtype; fold any q scale into ``weights``).
+            k: Same dtype, ``[N, D]``.
+            k_scale: float32 ``[N]`` (or ``[N, 1]``).
+            weights: float32 ``[M, H]``.
+            out: Optional int32 ``[M, topk]``, column stride 1 and any row stride (a view
+                like ``buf[:, :topk]`` of a wider buffer), filled and returned; untouched if
+                a check fails. Without it each run allocates its result.
+
+        Returns:
+            int32 ``[M, topk]``: per row the indices of its ``topk`` largest logits,
+            relative to its window start, unordered, ``-1`` padded.
+
+        Raises:
+            TypeError, ValueError: A tensor that does not match the plan, before any kernel.
+        """
+        inputs = check_inputs(self.problem, q, k, k_scale, weights)
+        if out is not None:
+            out = check_out(self.problem, out)
+        return self._run(inputs, out)
+
+    __call__ = run
+
+    def _run(self, inputs: LayerInputs, out: torch.Tensor | None, clock: "_Clock | None" = None) -> torch.Tensor:
+        problem = self.problem
+        check_values(problem, inputs, self.check)
+        if out is None:
+            out = torch.empty(problem.num_rows, problem.topk, dtype=torch.int32, device=problem.device)
+        ex = self.exchange
+        table = out if ex is None or out.is_contiguous() else self.result
+        if ex is not None:
+            ex.before(table)
+        run_chunks(self.backend, problem, inputs, self.chunks, table)
+        if clock is not None:
+            self.info.compute_ms = clock.lap()
+        if ex is not None:
+            if clock is not None:  # so exchange_ms is the exchange alone, not the wait for slower ranks
+                dist.barrier(group=self.group)
+                self.info.wait_ms = clock.lap()
+            ex(table)
+            if table is not out:
+                out.copy_(table)
+            if clock is not None:
+                self.info.exchange_ms = clock.lap()
+        return out
+
+    def update_bounds(self, row_starts: torch.Tensor | None = None, row_ends: torch.Tensor | None = None) -> None:
+        """Refresh the chunks' device index tensors from new row bounds: device work only
+        (no sync), so it may sit in a CUDA graph, once per step.
+
+        Give new bounds (int ``[M]``, copied into the plan's device bounds; host tensors
+        should be pinned for the copy not to wait), or none after copying them yourself
+        into the device int32 tensors the plan was made with (it uses those in place). The
+        new windows must fit the planned ones: each row's window inside the key range of
+        its chunk (``plan.chunks``) and, for a compressed chunk, no longer than its width.
+        Plan a size bucket with every row at its widest window to reuse it across steps.
+        The row split stays the planned one (any split gives the same table).
+        """
+        p = self.problem
+        for name, src, dst in (("row_starts", row_starts, p.row_starts), ("row_ends", row_ends, p.row_ends)):
+            if src is None:
+                continue
+            if not isinstance(src, torch.Tensor) or tuple(src.shape) != (p.num_rows,) or src.dtype.is_floating_point:
+                raise ValueError(f"{name} must be an int tensor of shape [{p.num_rows}], got {src!r:.80}")
+            dst.copy_(src, non_blocking=True)
+        for c in self.chunks:
+            if not c.empty:
+                fill_index(p, c)
+                c.lengths_host = None  # stale: the torch top-k then selects every row
+
+    def __str__(self) -> str:
+        i, p = self.info, self.problem
+        parts = [f"indexer plan: M={p.num_rows} N={p.num_keys} H={p.num_heads} D={p.head_dim} topk={p.topk} "
+                 f"on {p.device}", f"backend {i.backend}"]
+        if i.notes:
+            parts.append("; ".join(i.notes))
+        parts.append(f"rank {i.rank}/{i.world_size}: {i.reason}")
+        widths = [c.width for c in self.chunks]
+        parts.append(f"{i.chunks} chunk(s) ({i.compressed_chunks} compressed), widths "
+                     f"{min(widths, default=0)}-{max(widths, default=0)}")
+        if self.check != "off":
+            parts.append(f"value checks {self.check}")
+        return ", ".join(parts)
+
+    __repr__ = __str__
+
+
+def choose_plan(
+    problem, cost_model, caps: GroupCaps, strategy: str, reassembly: str, stripe_rows: int = DEFAULT_STRIPE_ROWS
+) -> tuple[RowPlan, str]:
+    """Resolve ``auto`` strategy / reassembly into a plan and an exchange mode.
+
+    ``auto`` strategy takes the plan with the lowest predicted max-rank cost among those
+    the reassembly can exchange; plans within 1% of it count as ties, won by the earlier of
+    balanced, contiguous, remainder0, fold, striped. A forced reassembly that cannot run on
+    the group raises.
+    """
+    if reassembly != "auto":
+        reasons = mode_reasons(reassembly, caps, None)
+        if reasons:
+            raise ReassemblyError(f"reassembly={reassembly!r} cannot be used: " + "; ".join(reasons))
+    if strategy == "auto":
+        names = _AUTO_ORDER if reassembly != "ring" else tuple(s for s in _AUTO_ORDER if s in RING_STRATEGIES)
+    else:
+        names = (strategy,)
+    plans = plan_candidates(
+        problem.starts_host, problem.ends_host, caps.world_size, names, cost_model=cost_model,
+        num_keys=problem.num_keys, stripe_rows=stripe_rows,
+    )
+    lowest = min(p.max_cost for p in plans)
+    # within 1% of the lowest, prefer the earlier strategy: single-piece plans exchange by
+    # one collective, fold's two pieces need broadcasts besides
+    best = next(p for p in plans if p.max_cost <= lowest * 1.01)
+    if len(plans) > 1 and log.isEnabledFor(logging.DEBUG):
+        for p in plans:
+            log.debug("  candidate %s max-rank cost %d%s", p.describe(), p.max_cost, "  <- chosen" if p is best else "")
+    return best, choose_mode(reassembly, caps, best.strategy)
+
+
+_AUTO_ORDER = ("balanced", "contiguous", "remainder0", "fold", "striped")
+
+
+class _Clock:
+    """Wall time between laps, device-synchronised; a no-op unless enabled."""
+
+    def __init__(self, device: torch.device, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+        if enabled:
+            self.sync()
+            self.t = time.perf_counter()
+
+    def lap(self) -> float | None:
+        if not self.enabled:
+            return None
+        self.sync()
+        now = time.perf_counter()
+        ms, self.t = (now - self.t) * 1e3, now
+        return ms
+
