@@ -157,3 +157,26 @@ def test_torch_path_ranks_nans_highest_and_ties_them_to_the_lowest_columns():
     row_topk(x, torch.zeros(2, dtype=torch.int64), torch.full((2,), 40, dtype=torch.int64), 8, out)
     assert sorted(out[0].tolist()) == [0, 4, 5, 8, 12, 16, 20, 30]
     assert sorted(out[1].tolist()) == [0, 3, 6, 9, 12, 15, 18, 21]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_torch_top_k_sync_free_way_selects_the_same_sets(seed):
+    # ties (few distinct values), NaNs, -0.0 against 0.0, windows anywhere, rows shorter
+    # than k; outside the windows anything (the sync-free way never reads it)
+    from indexer.backends.topk_torch import row_topk
+
+    gen = torch.Generator().manual_seed(seed)
+    rows, n, k = 24, 300, 16
+    x = torch.randint(-3, 4, (rows, n), generator=gen).float()
+    x[x == 0] = -0.0 if seed % 2 else 0.0
+    x[:, ::37] = float("nan") if seed < 2 else float("inf")
+    starts = torch.randint(0, 150, (rows,), generator=gen)
+    lengths = torch.minimum(torch.randint(0, 150, (rows,), generator=gen), n - starts)
+    lengths[:3] = torch.tensor([0, 5, k])
+    col = torch.arange(n)
+    inside = (col >= starts[:, None]) & (col < (starts + lengths)[:, None])
+    a = torch.empty(rows, k, dtype=torch.int32)
+    b = torch.empty(rows, k, dtype=torch.int32)
+    row_topk(x.masked_fill(~inside, float("-inf")), starts, lengths, k, a, sync_free=False)
+    row_topk(x.masked_fill(~inside, 1e30), starts, lengths, k, b, sync_free=True)
+    assert torch.equal(a.sort(1).values, b.sort(1).values)

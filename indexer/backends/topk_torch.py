@@ -95,10 +95,11 @@ def row_topk(
     topk: int,
     out: torch.Tensor,
     lengths_host: torch.Tensor | None = None,
+    sync_free: bool | None = None,
 ) -> None:
     """Top-k keys of every row of a logits block, as row-relative indices.
 
-    Off the CPU this makes no host sync (graph-capturable): each key is ranked by its value
+    Off the CPU (or with ``sync_free=True``) this makes no host sync (graph-capturable): each key is ranked by its value
     and then its column in one int64 (:func:`_ranked_keys`), so torch.topk sees no ties.
     On the CPU, torch.topk on the values, and the rows tied across the cut again by the
     lowest index (fewer passes; a sync there costs nothing).
@@ -113,6 +114,8 @@ def row_topk(
             ``-1`` padded when a row has fewer than ``topk`` keys.
         lengths_host: Optional CPU copy of ``lengths``: rows no longer than ``topk`` skip
             the selection without a sync.
+        sync_free: Which of the two ways (``None``: sync-free off the CPU). Both select
+            the same set.
     """
     rows, n = logits.shape
     device = logits.device
@@ -124,7 +127,7 @@ def row_topk(
     long_rows = lengths > topk
     any_long = bool((lengths_host > topk).any()) if lengths_host is not None else True
     if n > topk and any_long:
-        if device.type == "cpu":
+        if not (device.type != "cpu" if sync_free is None else sync_free):
             idx = _topk_then_ties(logits, starts_rel, lengths, long_rows, topk)
         else:
             idx = torch.empty(rows, topk, dtype=torch.int64, device=device)

@@ -6,14 +6,16 @@ import argparse
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from ..bench import calibrate, kernels, topk, tp
+    from ..bench import calibrate, kernels, step, topk, tp
 
-    p = sub.add_parser("bench", help="benchmarks: kernels | topk | tp | calibrate (--calibrate is short for 'bench calibrate')")
+    p = sub.add_parser("bench", help="benchmarks: kernels | topk | step | tp | calibrate (--calibrate is short for 'bench calibrate')")
     p.add_argument("--calibrate", action="store_true", help="same as 'bench calibrate' with its defaults")
     what = p.add_subparsers(dest="what")
     for name, module, help_text in (
         ("kernels", kernels, "each backend's logits and top-k side by side on one device"),
         ("topk", topk, "top-k implementations side by side on real logits, against the bandwidth floor"),
+        ("step", step, "a forward step of L layers: plan once + run per layer, against prefill_topk and plain "
+                       "DeepGEMM + torch.topk"),
         ("tp", tp, "replicated vs every strategy on 1..N ranks over a context-length sweep"),
         ("calibrate", calibrate, "measure this device's per-row cost coefficients for the planner"),
     ):
@@ -26,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             cal = argparse.ArgumentParser()
             calibrate.add_arguments(cal)
             return calibrate.run(cal.parse_args([]))
-        p.error("choose one of: kernels, topk, tp, calibrate (or --calibrate)")
+        p.error("choose one of: kernels, topk, step, tp, calibrate (or --calibrate)")
         return 2
 
     p.set_defaults(func=dispatch)
