@@ -148,14 +148,17 @@ def _logits_kernels(arch: str) -> None:
     h, d = 64, 128
     block_m, block_n, warps, stages = K._pick_config(8192, 65536, d)
     common = dict(q_ptr=fp8, k_ptr=fp8, k_scale_ptr="*fp32", w_ptr="*fp32", starts_ptr=_P32, ends_ptr=_P32)
-    _compile(K._mqa_logits_kernel, dict(common, out_ptr="*fp32", M=_I, N=_I, H=_I, stride_qm=_I, stride_qh=_I,
-                                        stride_kn=_I, stride_wm=_I, stride_om=_I),
-             dict(D=d, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages), arch)
     cfg = K.fused_config(h, d)
     tiles = dict(H=h, D=d, BLOCK_Q=cfg.block_q, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
                  num_stages=cfg.num_stages)
-    _compile(K._mqa_logits_fused_kernel, dict(common, out_ptr="*fp32", M=_I, N=_I, stride_qm=_I, stride_kn=_I,
-                                              stride_wm=_I, stride_om=_I), tiles, arch)
+    for compressed in (False, True):  # full-width rows, and each row's window from column 0
+        _compile(K._mqa_logits_kernel, dict(common, out_ptr="*fp32", M=_I, N=_I, H=_I, stride_qm=_I, stride_qh=_I,
+                                            stride_kn=_I, stride_wm=_I, stride_om=_I),
+                 dict(D=d, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
+                      COMPRESSED=compressed), arch)
+        _compile(K._mqa_logits_fused_kernel, dict(common, out_ptr="*fp32", M=_I, N=_I, stride_qm=_I, stride_kn=_I,
+                                                  stride_wm=_I, stride_om=_I), dict(tiles, COMPRESSED=compressed),
+                 arch)
     _compile(F._logits_filter_kernel, dict(common, thr_ptr=_P32, cand32_ptr=_P32, cnt_ptr=_P32, M=_I, N=_I,
                                            stride_qm=_I, stride_kn=_I, stride_wm=_I),
              dict(tiles, CAP=T.default_cap(2048), PTX=False), arch)

@@ -274,6 +274,21 @@ def _bind(chunks):
     bind_topk(chunks)
 
 
+@pytest.mark.skipif("triton" not in _backends(), reason="needs Triton's interpreter on CPU")
+def test_triton_compressed_chunks_select_the_full_width_sets(monkeypatch):
+    from indexer.backends.triton import TritonBackend
+
+    s, e, n = _bounds()
+    layer = _layer(2, s.numel(), n)
+    plan = _plan(s, e, n, backend="triton")
+    assert plan.info.compressed_chunks == plan.info.chunks == 1  # the whole packed batch
+    got = plan.run(*layer)
+    monkeypatch.setattr(TritonBackend, "compressed_logits", lambda self, problem: False)
+    full = _plan(s, e, n, backend="triton")
+    assert full.info.compressed_chunks == 0 and full.info.chunks == 4
+    assert sets_equal(got, full.run(*layer))
+
+
 def test_layer_inputs_are_a_named_tuple_of_the_four_tensors():
     inp = make_inputs([40], [12], heads=HEADS, head_dim=DIM)
     _, layer = validate(*inp.args(), TOPK)

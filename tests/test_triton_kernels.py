@@ -201,3 +201,22 @@ def test_fused_kernel_into_poisoned_row_slice():
 
 def test_fused_only_for_power_of_two_heads():
     assert [h for h in range(1, 130) if K.fused_supported(h)] == [1, 2, 4, 8, 16, 32, 64, 128]
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_compressed_rows_hold_each_window_from_column_zero_with_the_same_bits(per_head):
+    # packed requests, empty rows, a window reaching N; the full-width block's window bits
+    # must equal the compressed block's, and nothing past a window be written
+    N, H, D = 190, 4, 32
+    windows = [(0, 20 + i) for i in range(20)] + [(120 + i, 150 + i) for i in range(12)] + [(170, 170), (171, 190)]
+    M = len(windows)
+    q, k, ks, w, s, e = _make_inputs(M, N, H, D, windows, seed=7)
+    full = K.mqa_logits(q, k, ks, w, s, e, force_per_head=per_head)
+    width = int((e - s).max())
+    block = torch.full((M, width + 3), float("nan"), device=DEVICE)
+    res = K.mqa_logits(q, k, ks, w, s, e, out=block[:, :width], force_per_head=per_head, compressed=width)
+    assert res.data_ptr() == block.data_ptr()
+    got, want = block.cpu(), full.cpu()
+    for m, (a, b) in enumerate(windows):
+        assert torch.equal(got[m, : b - a], want[m, a:b]), m
+        assert torch.isnan(got[m, b - a:]).all(), m

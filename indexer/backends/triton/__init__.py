@@ -47,6 +47,9 @@ class TritonBackend(Backend):
             reasons.append(f"head dim D={problem.head_dim} not in {_HEAD_DIMS}")
         return reasons
 
+    def compressed_logits(self, problem: Problem) -> bool:
+        return True
+
     def prepare(self, problem: Problem, chunks) -> None:
         prepare_topk(problem, chunks)
 
@@ -58,7 +61,7 @@ class TritonBackend(Backend):
         lo, hi = chunk.cols
         return _kmod().mqa_logits(
             inputs.q[a:b], inputs.k[lo:hi], inputs.k_scale[lo:hi], inputs.weights[a:b], chunk.starts, chunk.ends,
-            out=chunk.workspace,
+            out=chunk.workspace, compressed=chunk.width if chunk.compressed else None,
         )
 
     def chunk_bytes(self, rows: torch.Tensor, width: torch.Tensor, problem: Problem) -> torch.Tensor:

@@ -86,6 +86,7 @@ if triton is not None:
         D: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
+        COMPRESSED: tl.constexpr,
     ):
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -104,9 +105,11 @@ if triton is not None:
         tile_lo = pid_n * BLOCK_N
 
         if (tile_lo >= hi) | (tile_lo + BLOCK_N <= lo):
-            # Key tile outside every window of this block: just fill -inf.
-            neg = tl.full((BLOCK_M, BLOCK_N), float("-inf"), tl.float32)
-            tl.store(out_ptrs, neg, mask=store_mask)
+            # Key tile outside every window of this block: just fill -inf (compressed rows
+            # hold their windows only: nothing to write)
+            if not COMPRESSED:
+                neg = tl.full((BLOCK_M, BLOCK_N), float("-inf"), tl.float32)
+                tl.store(out_ptrs, neg, mask=store_mask)
         else:
             # K tile [BLOCK_N, D], loaded once and reused by all heads.
             k_ptrs = (k_ptr + offs_n.to(tl.int64)[:, None] * stride_kn
@@ -132,8 +135,13 @@ if triton is not None:
 
             valid = ((offs_n[None, :] >= starts[:, None])
                      & (offs_n[None, :] < ends[:, None]))
-            acc = tl.where(valid, acc, float("-inf"))
-            tl.store(out_ptrs, acc, mask=store_mask)
+            if COMPRESSED:
+                # row m's column j is key starts[m] + j
+                tl.store(out_ptr + offs_m64[:, None] * stride_om + (offs_n[None, :] - starts[:, None]), acc,
+                         mask=store_mask & valid)
+            else:
+                acc = tl.where(valid, acc, float("-inf"))
+                tl.store(out_ptrs, acc, mask=store_mask)
 
 
     @triton.jit
@@ -178,6 +186,7 @@ if triton is not None:
         D: tl.constexpr,
         BLOCK_Q: tl.constexpr,
         BLOCK_N: tl.constexpr,
+        COMPRESSED: tl.constexpr,
     ):
         # One program owns BLOCK_Q query rows, all H heads of each. Keys go on the MMA's M
         # dimension and the BLOCK_Q * H (row, head) pairs on N, as DeepGEMM lays it out: the
@@ -199,21 +208,28 @@ if triton is not None:
         lo_t = (lo // BLOCK_N) * BLOCK_N
         hi_t = tl.maximum(((hi + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, lo_t)
         neg = tl.full((BLOCK_N, BLOCK_Q), float("-inf"), tl.float32)
-        for n0 in range(0, lo_t, BLOCK_N):
-            cols = n0 + tl.arange(0, BLOCK_N)
-            tl.store(out_ptr + rows64[None, :] * stride_om + cols[:, None], neg,
-                     mask=rmask[None, :] & (cols < N)[:, None])
+        if not COMPRESSED:
+            for n0 in range(0, lo_t, BLOCK_N):
+                cols = n0 + tl.arange(0, BLOCK_N)
+                tl.store(out_ptr + rows64[None, :] * stride_om + cols[:, None], neg,
+                         mask=rmask[None, :] & (cols < N)[:, None])
         for n0 in range(lo_t, hi_t, BLOCK_N):
             cols = n0 + tl.arange(0, BLOCK_N)
             cmask = cols < N
             logit = _keys_major_tile(k_ptr, k_scale_ptr, cols, cmask, stride_kn, q_t, w, H, D, BLOCK_Q, BLOCK_N)
             valid = (cols[:, None] >= starts[None, :]) & (cols[:, None] < ends[None, :])
-            tl.store(out_ptr + rows64[None, :] * stride_om + cols[:, None], tl.where(valid, logit, float("-inf")),
-                     mask=rmask[None, :] & cmask[:, None])
-        for n0 in range(hi_t, N, BLOCK_N):
-            cols = n0 + tl.arange(0, BLOCK_N)
-            tl.store(out_ptr + rows64[None, :] * stride_om + cols[:, None], neg,
-                     mask=rmask[None, :] & (cols < N)[:, None])
+            if COMPRESSED:
+                # row m's column j is key starts[m] + j: the window only
+                tl.store(out_ptr + rows64[None, :] * stride_om + (cols[:, None] - starts[None, :]), logit,
+                         mask=rmask[None, :] & valid)
+            else:
+                tl.store(out_ptr + rows64[None, :] * stride_om + cols[:, None],
+                         tl.where(valid, logit, float("-inf")), mask=rmask[None, :] & cmask[:, None])
+        if not COMPRESSED:
+            for n0 in range(hi_t, N, BLOCK_N):
+                cols = n0 + tl.arange(0, BLOCK_N)
+                tl.store(out_ptr + rows64[None, :] * stride_om + cols[:, None], neg,
+                         mask=rmask[None, :] & (cols < N)[:, None])
 
 
 class FusedConfig(NamedTuple):
@@ -287,13 +303,18 @@ def mqa_logits(q: torch.Tensor,
                row_starts: torch.Tensor,
                row_ends: torch.Tensor,
                out: Optional[torch.Tensor] = None,
-               force_per_head: bool = False) -> torch.Tensor:
+               force_per_head: bool = False,
+               compressed: Optional[int] = None) -> torch.Tensor:
     """Indexer logits ``[M, N]`` (float32, ``-inf`` outside each row window).
 
     q: fp8 [M, H, D]; k: fp8 [N, D] (same dtype); k_scale: float32 [N];
     weights: float32 [M, H]; row_starts / row_ends: int32 [M] with
     ``0 <= start <= end <= N``.  ``out`` may be a float32 [M, N] view whose
     rows are strided (row stride >= N) but whose columns are contiguous.
+
+    ``compressed=W`` (at least every row's window length) writes ``[M, W]`` instead: row
+    m's column j is key ``row_starts[m] + j``, only the window written (the rest of a row
+    left as it was). The window's values are the same bits either way.
 
     H a power of two (<= 128) runs the fused kernel (all heads of 128/H rows in one
     MMA operand); other H, or ``force_per_head``, the per-head loop kernel.
@@ -319,15 +340,16 @@ def mqa_logits(q: torch.Tensor,
     if tuple(row_starts.shape) != (M,) or tuple(row_ends.shape) != (M,):
         raise ValueError("row_starts / row_ends must be [M]")
 
+    width = N if compressed is None else int(compressed)
     if out is None:
-        out = torch.empty((M, N), dtype=torch.float32, device=q.device)
+        out = torch.empty((M, width), dtype=torch.float32, device=q.device)
     else:
-        if out.dtype != torch.float32 or tuple(out.shape) != (M, N):
-            raise ValueError(f"out must be float32 [M, N]={M, N}, got "
+        if out.dtype != torch.float32 or tuple(out.shape) != (M, width):
+            raise ValueError(f"out must be float32 [M, {'N' if compressed is None else 'W'}]={M, width}, got "
                              f"{out.dtype} {tuple(out.shape)}")
-        if N > 0 and M > 0 and (out.stride(1) != 1 or out.stride(0) < N):
-            raise ValueError("out needs column stride 1 and row stride >= N")
-    if M == 0 or N == 0:
+        if width > 0 and M > 0 and (out.stride(1) != 1 or out.stride(0) < width):
+            raise ValueError("out needs column stride 1 and row stride >= its width")
+    if M == 0 or N == 0 or width == 0:
         return out
 
     if q.stride(2) != 1:
@@ -348,7 +370,7 @@ def mqa_logits(q: torch.Tensor,
             _mqa_logits_fused_kernel[(triton.cdiv(M, cfg.block_q),)](
                 q3, k, k_scale, weights, row_starts, row_ends, out,
                 M, N, q3.stride(0), k.stride(0), weights.stride(0), out.stride(0),
-                H=H, D=D, BLOCK_Q=cfg.block_q, BLOCK_N=cfg.block_n,
+                H=H, D=D, BLOCK_Q=cfg.block_q, BLOCK_N=cfg.block_n, COMPRESSED=compressed is not None,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )
         return out
@@ -364,7 +386,7 @@ def mqa_logits(q: torch.Tensor,
             k.stride(0),
             weights.stride(0),
             out.stride(0),
-            D=D, BLOCK_M=block_m, BLOCK_N=block_n,
+            D=D, BLOCK_M=block_m, BLOCK_N=block_n, COMPRESSED=compressed is not None,
             num_warps=num_warps, num_stages=num_stages,
         )
     return out
