@@ -381,8 +381,9 @@ def test_gpu_run_makes_no_sync_and_no_allocation(backend):
     allocated = torch.cuda.memory_stats()["allocation.all.allocated"] - before
     # DeepGEMM allocates its logits itself, one block a chunk; nothing else allocates
     assert allocated == (3 * plan.info.chunks if backend == "deepgemm" else 0)
+    # the same sets (the Triton top-k's write order inside a row follows the warps' timing)
     want = indexer.prefill_topk(*inp.args(), 512, backend=backend)
-    assert torch.equal(out, want)
+    assert torch.equal(out.sort(1).values, want.sort(1).values)
 
 
 @pytest.mark.cuda
@@ -408,7 +409,7 @@ def test_gpu_graph_replay_equals_eager(backend):
         out.fill_(-5)
         g.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, plan.run(*layer)), seed
+        assert torch.equal(out.sort(1).values, plan.run(*layer).sort(1).values), seed
 
 
 @pytest.mark.cuda

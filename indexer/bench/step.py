@@ -12,9 +12,13 @@ Per way and configuration:
 
 - ``host us``: the host's time of one indexer call with the device kept busy (mean).
 - ``kernels ms``: the sum of the device time of one layer's kernels (matmul included),
-  from the profiler.
+  from the profiler, over the L layers queued back to back.
+- ``idle %``: in that same profiled run, the share of the span from the first kernel's start
+  to the last one's end in which no kernel ran (launch gaps, the device waiting for the host).
 - ``queued ms``: one layer's wall time with the L layers queued back to back, one sync at
-  the end (what a forward step sees).
+  the end (what a forward step sees), not profiled.
+- ``graph ms``: the same L layers replayed from one CUDA graph (where the way can be
+  captured: not ``prefill_topk``, which syncs).
 - ``sync ms``: one indexer call alone, synchronized around it.
 - ``plan ms``: the plan's own time (once a step).
 
@@ -78,20 +82,44 @@ def _configs(cfg: dict) -> list[dict]:
     return out
 
 
-def _kernels_ms(fn, device: torch.device, calls: int = 3) -> float | None:
-    """Sum of the device time of the kernels ``fn`` launches, per call (profiler)."""
+def _profiled_layers(layer, layers: int, device: torch.device) -> tuple[float | None, float | None]:
+    """``(kernels ms a layer, idle share)`` of ``layers`` layers queued back to back under
+    the profiler: the kernels' summed device time, and the part of the span (first kernel's
+    start to last one's end) in which none ran."""
     if device.type != "cuda":
-        return None
+        return None, None
     from torch.profiler import ProfilerActivity, profile
 
-    fn()
+    layer()
     torch.cuda.synchronize(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
+        for _ in range(layers):
+            layer()
         torch.cuda.synchronize(device)
-    total = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
-    return total / calls / 1e3
+    ops = [e.time_range for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not ops:
+        return None, None
+    busy = sum(r.end - r.start for r in ops)
+    span = max(r.end for r in ops) - min(r.start for r in ops)
+    return busy / layers / 1e3, 1 - busy / span if span else 0.0
+
+
+def _graph_layers_ms(layer, layers: int, device: torch.device, repeats: int) -> float | None:
+    """One layer's time with ``layers`` layers replayed from one CUDA graph."""
+    if device.type != "cuda":
+        return None
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        layer()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(layers):
+            layer()
+    ms = median_ms(graph.replay, device, warmup=1, repeats=repeats) / layers
+    del graph
+    return ms
 
 
 def _queued_layers_ms(layer, layers: int, device: torch.device, repeats: int) -> float:
@@ -180,14 +208,16 @@ def _rank_main(rank: int, world: int, cfg: dict) -> list[dict]:
                 other()
                 call()
 
+            kernels_ms, idle = _profiled_layers(layer, layers, device)
             records.append(dict(
                 config=c["name"], way=way, rank=rank, world=world, M=m, N=n, layers=layers,
                 backend=step.info.backend, chunks=step.info.chunks, compressed=step.info.compressed_chunks,
                 plan_ms=plan_ms if way == "plan + run" else None,
                 # (prefill_topk waits for the device: its host time alone is not measurable so)
                 host_us=host_ms(call, device) * 1e3 if way != "prefill_topk" else None,
-                kernels_ms=_kernels_ms(layer, device),
+                kernels_ms=kernels_ms, idle_pct=None if idle is None else 100 * idle,
                 queued_ms=_queued_layers_ms(layer, layers, device, reps),
+                graph_ms=_graph_layers_ms(layer, layers, device, reps) if way != "prefill_topk" else None,
                 sync_ms=median_ms(call, device, warmup=1, repeats=max(reps, 3)),
                 same=None if res is None else bool(torch.equal(res.sort(1).values, ref.sort(1).values)),
             ))
@@ -217,7 +247,8 @@ def run(args: argparse.Namespace) -> int:
           f"median of {cfg['repeats']}")
     cols = [("config", "config", "s"), ("way", "way", "s"), ("rank", "rank", "d"), ("backend", "backend", "s"),
             ("chunks", "chunks", "d"), ("host_us", "host us", ".0f"), ("kernels_ms", "kernels ms", ".3f"),
-            ("queued_ms", "queued ms", ".3f"), ("queued_over_kernels", "queued/kernels", ".3f"),
+            ("idle_pct", "idle %", ".2f"), ("queued_ms", "queued ms", ".3f"),
+            ("queued_over_kernels", "queued/kernels", ".3f"), ("graph_ms", "graph ms", ".3f"),
             ("sync_ms", "sync ms", ".3f"), ("vs_plain_sync", "plain/this (sync)", ".2f"),
             ("plan_ms", "plan ms", ".2f"), ("same", "same sets", "")]
     print(table([dict(r, same="-" if r["same"] is None else ("yes" if r["same"] else "NO")) for r in rows],
