@@ -112,6 +112,31 @@ def test_the_launcher_launches_directly_once_the_jit_chose_the_kernel(monkeypatc
     assert len(fn.launches) == before + 2
 
 
+def test_a_bound_launch_converts_only_its_slots_and_launches_as_a_full_call(monkeypatch):
+    monkeypatch.setattr(L, "_current_stream", lambda index: 1)
+    fn = _Jit()
+    launch = L.Launcher(fn)
+    kw = L.LaunchKw(A=1, B=2, num_warps=4)
+    x, y = torch.zeros(64), torch.zeros(64)
+    bound = launch.bind((0, 5), kw, 0, True, (0,))  # n fixed at 5, x given per call
+    bound(7, x)  # first: the JIT, with the full arguments
+    assert fn.launches[-1][1] == (x, 5) and launch.jit_launches == 1
+    bound(8, y[4:])  # another aligned tensor: the same kernel, directly, its address
+    (compiled,) = fn.compiled.values()
+    assert launch.direct_launches == 1 and compiled.calls[-1][9:] == (y[4:].data_ptr(), 5, 1, 2)
+    launch(9, (y, 5), kw, 0)  # a full call finds the kernel the bound launch made
+    assert launch.direct_launches == 2 and len(fn.launches) == 1
+    z = y[1:]
+    bound(3, z)  # misaligned: another specialization, back to the JIT
+    assert len(fn.launches) == 2 and fn.launches[-1][1] == (z, 5)
+    # several slots, ints among them: an int of 1 is a constant to Triton, another kernel
+    two = launch.bind((0, 0), kw, 0, True, (0, 1))
+    two(4, x, 5)
+    assert launch.direct_launches == 3
+    two(4, x, 1)
+    assert len(fn.launches) == 3
+
+
 def test_a_place_in_a_buffer_launches_as_its_view_would():
     # At(t, i): the JIT gets the view t[i:]; a direct launch its address; both one key
     buf = torch.zeros(64, dtype=torch.int32)

@@ -66,24 +66,29 @@ class At:
         return self._view
 
 
+def _one(a) -> tuple | None:
+    """``(key, raw)`` of one argument (:func:`_direct_args`), or None for another type."""
+    if type(a) is int:
+        return _int_key(a), a
+    if type(a) is At:
+        return (a.tensor.dtype, a.address % 16 == 0), a.address
+    if isinstance(a, torch.Tensor):
+        address = a.data_ptr()
+        return (a.dtype, address % 16 == 0), address
+    return None
+
+
 def _direct_args(args: tuple) -> tuple[tuple | None, list]:
     """``(key, raw)``: :func:`spec_key` and the arguments as a compiled kernel's launcher takes
     them, a pointer as its address (an int: the launcher then neither calls ``data_ptr`` nor
     asks the driver about it; the callers check devices before they launch)."""
     key, raw = [], []
     for a in args:
-        if type(a) is int:
-            key.append(_int_key(a))
-            raw.append(a)
-        elif type(a) is At:
-            key.append((a.tensor.dtype, a.address % 16 == 0))
-            raw.append(a.address)
-        elif isinstance(a, torch.Tensor):
-            address = a.data_ptr()
-            key.append((a.dtype, address % 16 == 0))
-            raw.append(address)
-        else:
+        one = _one(a)
+        if one is None:
             return None, raw
+        key.append(one[0])
+        raw.append(one[1])
     return tuple(key), raw
 
 
@@ -193,30 +198,74 @@ class Launcher:
                 launch inside :func:`~._kernels.device_guard`).
             direct: Whether a compiled kernel may be launched directly (else always the JIT).
         """
-        key = None
         state = _jit_state(self.fn) if direct and not self._broken else None
+        spec = raw = None
         if state is not None:
             spec, raw = _direct_args(args)
-            if spec is not None:
-                key = (kw.key, state, device_index, spec)
-                hit = self._kernels.get(key)
-                if hit is not None:
-                    kernel, constexprs = hit
-                    stream = _current_stream(device_index)
-                    try:
-                        kernel.run(grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
-                                   *raw, *constexprs)
-                    except TypeError:
-                        # the launcher parses its arguments before it launches: one that takes
-                        # others (another Triton) refused them and nothing ran
-                        self._broken = True
-                    else:
-                        self.direct_launches += 1
-                        return
-                    key = None
+        self._launch(grid, args, kw, device_index, state, spec, raw)
+
+    def bind(self, args: tuple, kw: LaunchKw, device_index: int, direct: bool, slots: tuple[int, ...]) -> "Bound":
+        """A launch whose arguments are all fixed but those at ``slots`` (converted once,
+        here; per call only the ``slots`` ones): ``bound(grid, *values)``."""
+        return Bound(self, args, kw, device_index, direct, slots)
+
+    def _launch(self, grid: int, args: tuple, kw: LaunchKw, device_index: int, state, spec, raw) -> None:
+        key = None
+        if state is not None and spec is not None:
+            key = (kw.key, state, device_index, spec)
+            hit = self._kernels.get(key)
+            if hit is not None:
+                kernel, constexprs = hit
+                stream = _current_stream(device_index)
+                try:
+                    kernel.run(grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
+                               *raw, *constexprs)
+                except TypeError:
+                    # the launcher parses its arguments before it launches: one that takes
+                    # others (another Triton) refused them and nothing ran
+                    self._broken = True
+                else:
+                    self.direct_launches += 1
+                    return
+                key = None
         kernel = self.fn[(grid,)](*jit_args(args), **kw)
         self.jit_launches += 1
         names = self.fn.arg_names[len(args):]
         if key is not None and all(n in kw for n in names) and all(
                 hasattr(kernel, a) for a in ("run", "function", "packed_metadata")):
             self._kernels[key] = (kernel, tuple(kw[n] for n in names))
+
+
+class Bound:
+    """One launch with its arguments bound (:meth:`Launcher.bind`): a call gives the grid and
+    the arguments at ``slots`` (the tensors and ints that change between calls, such as the
+    logits and their row stride), and only those are converted again; every other argument
+    keeps the key and address it had when bound (so it must keep its storage)."""
+
+    __slots__ = ("launcher", "args", "kw", "device_index", "direct", "slots", "spec", "raw")
+
+    def __init__(self, launcher: Launcher, args: tuple, kw: LaunchKw, device_index: int, direct: bool,
+                 slots: tuple[int, ...]):
+        self.launcher, self.args, self.kw, self.device_index = launcher, tuple(args), kw, device_index
+        self.direct, self.slots = direct, tuple(slots)
+        spec, raw = _direct_args(self.args)
+        self.spec = list(spec) if spec is not None else None
+        self.raw = raw
+
+    def __call__(self, grid: int, *values) -> None:
+        launcher, slots = self.launcher, self.slots
+        args = list(self.args)
+        for i, v in zip(slots, values):
+            args[i] = v
+        state = _jit_state(launcher.fn) if self.direct and not launcher._broken else None
+        spec = raw = None
+        if state is not None and self.spec is not None:
+            spec, raw = list(self.spec), list(self.raw)
+            for i, v in zip(slots, values):
+                one = _one(v)
+                if one is None:
+                    spec = None
+                    break
+                spec[i], raw[i] = one
+            spec = tuple(spec) if spec is not None else None
+        launcher._launch(grid, tuple(args), self.kw, self.device_index, state, spec, raw)

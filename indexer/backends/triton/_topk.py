@@ -1549,6 +1549,35 @@ class RaggedTopk:
         self.thr2 = At(cand32, at_wpos - 2 * rows, base)
         self.wpos = At(cand32, at_wpos, base)
         self.ctl = At(cand32, at_wpos + rows, base)
+        self._bind_launches()
+
+    def _bind_launches(self) -> None:
+        # every argument but the logits, out and their row strides is fixed from here on: the
+        # launches convert only those per call (0: placeholders, given at every call)
+        rows, device, direct, index = self.rows, self.device, self.direct, self.device.index
+        programs_per_sm, _, _, sample_kw, filter_kw, retry_kw, selects = self.plan
+        starts, lens, cand32, buf = self.starts, self.lens, self.cand32, self.buf
+        counts, thr, tcol, thr2, wpos, ctl = self.counts, self.thr, self.tcol, self.thr2, self.wpos, self.ctl
+        stats = self.stats if self.stats is not None else lens
+        sample_min = self.sample_min
+        launches = []
+        # (grid, launch, what its slots take: the logits, out, their row strides)
+        if sample_kw is not None:
+            args = (0, starts, lens, thr, tcol, thr2, counts, wpos, ctl, rows, 0, sample_min)
+            launches.append((rows, _SAMPLE.bind(args, sample_kw, index, direct, (0, 10)), (0, 2)))
+        units = _programs(device, rows * filter_kw["SL"], programs_per_sm)
+        filter_args = (0, starts, lens, buf, cand32, counts, thr, tcol, thr2, 0, ctl, wpos, stats, rows, 0, 0,
+                       sample_min)
+        for kw in (filter_kw, retry_kw):
+            if kw is not None:
+                launches.append((units, _FILTER.bind(filter_args, kw, index, direct, (0, 9, 14, 15)), (0, 1, 2, 3)))
+        # a split row's candidates reach down to its retry's threshold, whether it retried or not
+        select_args = (0, starts, lens, 0, cand32, counts, thr if retry_kw is None else thr2, ctl, wpos, stats, 0, 0,
+                       sample_min)
+        for first, kw in selects:
+            grid = rows if first else _programs(device, rows, SECOND_PROGRAMS_PER_SM)
+            launches.append((grid, _SELECT.bind(select_args, kw, index, direct, (0, 3, 10, 11)), (0, 1, 2, 3)))
+        self.launches = tuple(launches)
 
     def __call__(self, logits: torch.Tensor, out: torch.Tensor) -> None:
         """Select into ``out``: int32 ``[rows, topk]`` (column stride 1) from float32
@@ -1566,29 +1595,14 @@ class RaggedTopk:
             return
         if self.buf is None:
             self.bind(torch.empty(self.scratch_numel, dtype=torch.int64, device=device))
-        programs_per_sm, _, _, sample_kw, filter_kw, retry_kw, selects = self.plan
-        starts, lens, cand32, buf = self.starts, self.lens, self.cand32, self.buf
-        counts, thr, tcol, thr2, wpos, ctl = self.counts, self.thr, self.tcol, self.thr2, self.wpos, self.ctl
         # only the write counters and ctl[0:3] need zeros; the sample kernel zeroes them, else
         # one fill does. A filtered row's counts and threshold are written before they are
         # read; the select also loads them for a row of the plain road (shorter than
         # sample_min, never filtered), whose road is already set by its length: the values
         # read there are never used
-        if sample_kw is None:
-            cand32[self.at_wpos: self.at_wpos + rows + 3].zero_()  # wpos and ctl[0:3], adjacent
-        stats_arg = self.stats if self.stats is not None else lens
-        stride_lm, sample_min, direct = logits.stride(0), self.sample_min, self.direct
-        index = device.index
+        if self.plan[3] is None:
+            self.cand32[self.at_wpos: self.at_wpos + rows + 3].zero_()  # wpos and ctl[0:3], adjacent
+        values = (logits, out, logits.stride(0), out.stride(0))
         with device_guard(logits):
-            if sample_kw is not None:
-                _SAMPLE(rows, (logits, starts, lens, thr, tcol, thr2, counts, wpos, ctl, rows, stride_lm, sample_min),
-                        sample_kw, index, direct)
-            units = _programs(device, rows * filter_kw["SL"], programs_per_sm)
-            filter_args = (logits, starts, lens, buf, cand32, counts, thr, tcol, thr2, out, ctl, wpos, stats_arg, rows,
-                           stride_lm, out.stride(0), sample_min)
-            _FILTER(units, filter_args, filter_kw, index, direct)
-            if retry_kw is not None:
-                _FILTER(units, filter_args, retry_kw, index, direct)
-            # a split row's candidates reach down to its retry's threshold, whether it retried or not
-            _run_selects(device, rows, selects, logits, starts, lens, out, cand32, counts,
-                         thr if retry_kw is None else thr2, ctl, wpos, stats_arg, stride_lm, sample_min, direct)
+            for grid, launch, takes in self.launches:
+                launch(grid, *(values[i] for i in takes))
