@@ -220,3 +220,27 @@ def test_compressed_rows_hold_each_window_from_column_zero_with_the_same_bits(pe
     for m, (a, b) in enumerate(windows):
         assert torch.equal(got[m, : b - a], want[m, a:b]), m
         assert torch.isnan(got[m, b - a:]).all(), m
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_prepared_logits_launch_equals_mqa_logits_and_takes_it_for_other_layouts(compressed):
+    N, H, D = 150, 4, 32
+    windows = _packed_windows(N, [90, 60], [20, 12])
+    M = len(windows)
+    q, k, ks, w, s, e = _make_inputs(M, N, H, D, windows, seed=9)
+    width = int((e - s).max()) if compressed else N
+    want = K.mqa_logits(q, k, ks, w, s, e, compressed=width if compressed else None)
+    out = torch.full((M, width), float("nan"), device=DEVICE)
+    launch = K.LogitsLaunch(M, H, D, N, s, e, out, width if compressed else None)
+    assert launch.bound is not None
+    assert launch(q, k, ks, w) is out
+    # the windows (compressed: each from column 0; past them nothing is written)
+    col = torch.arange(width, device=DEVICE)[None, :]
+    done = (col < (e - s)[:, None]) if compressed else (col >= s[:, None]) & (col < e[:, None])
+    assert torch.equal(out[done], want[done])
+    # a k with padded rows (another row stride than bound): mqa_logits itself, same values
+    out.fill_(float("nan"))
+    padded = torch.zeros(N, D + 16, dtype=k.dtype, device=DEVICE)
+    padded[:, :D] = k
+    launch(q, padded[:, :D], ks, w)
+    assert torch.equal(out[done], want[done])

@@ -55,14 +55,17 @@ class TritonBackend(Backend):
 
     def bind(self, problem: Problem, chunks) -> None:
         bind_topk(chunks)
+        for c in chunks:
+            if not c.empty:
+                # the logits launch bound to the chunk's workspace block and index tensors
+                c.state["logits"] = _kmod().LogitsLaunch(
+                    c.num_rows, problem.num_heads, problem.head_dim, c.cols[1] - c.cols[0], c.starts, c.ends,
+                    c.workspace, c.width if c.compressed else None)
 
     def logits(self, problem: Problem, inputs: LayerInputs, chunk: Chunk) -> torch.Tensor:
         a, b = chunk.rows
         lo, hi = chunk.cols
-        return _kmod().mqa_logits(
-            inputs.q[a:b], inputs.k[lo:hi], inputs.k_scale[lo:hi], inputs.weights[a:b], chunk.starts, chunk.ends,
-            out=chunk.workspace, compressed=chunk.width if chunk.compressed else None,
-        )
+        return chunk.state["logits"](inputs.q[a:b], inputs.k[lo:hi], inputs.k_scale[lo:hi], inputs.weights[a:b])
 
     def chunk_bytes(self, rows: torch.Tensor, width: torch.Tensor, problem: Problem) -> torch.Tensor:
         # the float32 logits and the top-k's temporaries

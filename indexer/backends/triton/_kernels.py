@@ -37,7 +37,7 @@ except Exception as exc:  # pragma: no cover - depends on environment
     tl = None
     _TRITON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
-__all__ = ["is_available", "mqa_logits"]
+__all__ = ["LogitsLaunch", "is_available", "mqa_logits"]
 
 _FP8_DTYPES = tuple(
     getattr(torch, name)
@@ -232,6 +232,11 @@ if triton is not None:
                          mask=rmask[None, :] & (cols < N)[:, None])
 
 
+    from ._launch import Launcher as _Launcher
+
+    _FUSED = _Launcher(_mqa_logits_fused_kernel)
+
+
 class FusedConfig(NamedTuple):
     """Launch config of the fused kernel.
 
@@ -390,3 +395,48 @@ def mqa_logits(q: torch.Tensor,
             num_warps=num_warps, num_stages=num_stages,
         )
     return out
+
+
+class LogitsLaunch:
+    """:func:`mqa_logits` into one fixed ``out`` block, prepared once (a step plan's chunk):
+    the fused kernel's launch bound (:meth:`~._launch.Launcher.bind`) with everything but the
+    four input tensors, which a call gives. Inputs not laid out as bound (another row stride,
+    non-contiguous heads) and head counts the fused kernel does not run take
+    :func:`mqa_logits` itself.
+
+    Args:
+        rows, heads, head_dim: ``M``, ``H``, ``D`` of the calls' ``q``.
+        keys: ``N`` of their ``k``.
+        row_starts, row_ends: int32 ``[M]`` on the device (read at every call).
+        out: float32 ``[M, width]`` block the calls fill.
+        compressed: ``width`` for compressed rows (:func:`mqa_logits`), else None.
+    """
+
+    def __init__(self, rows: int, heads: int, head_dim: int, keys: int, row_starts: torch.Tensor,
+                 row_ends: torch.Tensor, out: torch.Tensor, compressed: Optional[int] = None):
+        self.shape = (rows, heads, head_dim, keys)
+        self.row_starts, self.row_ends, self.out, self.compressed = row_starts, row_ends, out, compressed
+        self.bound = None
+        ok, _ = is_available()
+        if (ok and fused_supported(heads) and rows and keys and out.stride(1) == 1 and row_starts.dtype == torch.int32
+                and row_ends.dtype == torch.int32 and row_starts.is_contiguous() and row_ends.is_contiguous()):
+            from ._launch import LaunchKw
+
+            cfg = fused_config(heads, head_dim)
+            self.grid = triton.cdiv(rows, cfg.block_q)
+            kw = LaunchKw(H=heads, D=head_dim, BLOCK_Q=cfg.block_q, BLOCK_N=cfg.block_n,
+                          COMPRESSED=compressed is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            args = (0, 0, 0, 0, row_starts, row_ends, out, rows, keys, heads * head_dim, head_dim, heads,
+                    out.stride(0))
+            direct = out.is_cuda and torch.version.hip is None
+            self.bound = _FUSED.bind(args, kw, out.get_device() if out.is_cuda else 0, direct, (0, 1, 2, 3))
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        m, h, d, n = self.shape
+        if (self.bound is not None and q.stride() == (h * d, d, 1) and k.stride() == (d, 1)
+                and weights.stride() == (h, 1) and k_scale.stride() == (1,)):
+            with device_guard(q):
+                self.bound(self.grid, q, k, k_scale, weights)
+            return self.out
+        return mqa_logits(q, k, k_scale, weights, self.row_starts, self.row_ends, out=self.out,
+                          compressed=self.compressed)
