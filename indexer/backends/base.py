@@ -241,10 +241,14 @@ def plan_chunks(backend: Backend, problem: Problem, ranges: Sequence[tuple[int, 
     hint = 1024
     for a, b in ranges:
         start = a
+        # rows whose windows all start at one key (one request's chunk) gain nothing from
+        # compressed rows: the same chunks, so the second scan is skipped
+        firsts = problem.starts_host[a:b][problem.ends_host[a:b] > problem.starts_host[a:b]]
+        varied = compressed_ok and bool((firsts != firsts[:1]).any())
         while start < b:
             end, lo, hi = _chunk_end(backend, problem, start, b, budget_bytes, hint)
             compressed = False
-            if compressed_ok:
+            if varied:
                 end_c, lo_c, hi_c = _chunk_end(backend, problem, start, b, budget_bytes, hint, compressed=True)
                 if end_c > end:
                     end, lo, hi, compressed = end_c, lo_c, hi_c, True
