@@ -273,7 +273,8 @@ class StepPlan:
         new windows must fit the planned ones: each row's window inside the key range of
         its chunk (``plan.chunks``) and, for a compressed chunk, no longer than its width.
         Plan a size bucket with every row at its widest window to reuse it across steps.
-        The row split stays the planned one (any split gives the same table).
+        The row split stays the planned one (any split gives the same sets), and value checks
+        keep looking at the planned key range.
         """
         p = self.problem
         for name, src, dst in (("row_starts", row_starts, p.row_starts), ("row_ends", row_ends, p.row_ends)):

@@ -35,7 +35,7 @@ import time
 
 import torch
 
-from .timing import host_ms, int_list, median_ms, table
+from .timing import capture, host_ms, int_list, median_ms, table
 
 WAYS = ("plan + run", "prefill_topk", "deepgemm + torch.topk")
 
@@ -108,15 +108,7 @@ def _graph_layers_ms(layer, layers: int, device: torch.device, repeats: int) -> 
     """One layer's time with ``layers`` layers replayed from one CUDA graph."""
     if device.type != "cuda":
         return None
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        layer()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(layers):
-            layer()
+    graph = capture(_layers(layer, layers), device)
     ms = median_ms(graph.replay, device, warmup=1, repeats=repeats) / layers
     del graph
     return ms
@@ -124,11 +116,15 @@ def _graph_layers_ms(layer, layers: int, device: torch.device, repeats: int) -> 
 
 def _queued_layers_ms(layer, layers: int, device: torch.device, repeats: int) -> float:
     """One layer's wall time with ``layers`` layers queued back to back, one sync at the end."""
+    return median_ms(_layers(layer, layers), device, warmup=1, repeats=repeats) / layers
+
+
+def _layers(layer, layers: int):
     def step():
         for _ in range(layers):
             layer()
 
-    return median_ms(step, device, warmup=1, repeats=repeats) / layers
+    return step
 
 
 def _plain_deepgemm(inp, topk: int):

@@ -55,20 +55,27 @@ def queued_median_ms(fn: Callable[[], object], device: torch.device, warmup: int
     return statistics.median(a.elapsed_time(b) for a, b in zip(events, events[1:]))
 
 
+def capture(fn: Callable[[], object], device: torch.device) -> "torch.cuda.CUDAGraph":
+    """``fn`` captured in a CUDA graph, after one warm-up call on a side stream (as
+    ``torch.cuda.graph``'s documentation does: first calls compile and allocate)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 def graph_ms(fn: Callable[[], object], device: torch.device, repeats: int = 5) -> float | None:
     """Median device time of ``fn`` replayed from a CUDA graph (no host work in it), or None
     off CUDA or where ``fn`` cannot be captured."""
     if device.type != "cuda":
         return None
     try:
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream(device).wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
+        g = capture(fn, device)
     except RuntimeError:
         return None
     return queued_median_ms(g.replay, device, warmup=1, repeats=repeats)
