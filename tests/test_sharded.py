@@ -211,3 +211,48 @@ def test_fingerprint_hashes_exactly_the_tensor_it_is_given():
     assert fingerprint("x", tensors=(view,)) != fingerprint("x", tensors=(base[3:6],))
     assert fingerprint("x", tensors=(view,)) != fingerprint("x", tensors=(view.to(torch.int64),))
     assert fingerprint("x", tensors=(view,)) != fingerprint("y", tensors=(view,))
+
+
+def _exchange_rank(rank, world):
+    # every mode's in-place exchange on hand-made plans, the allgatherv ones included: gloo
+    # cannot gather slices of different sizes, so these plans give every rank equal rows
+    # (one piece out of rank order; several pieces a rank) and gloo runs the same code path
+    # NCCL does
+    import torch.distributed as dist
+
+    from indexer.collective import Exchange
+    from indexer.partition import RowPlan, plan_rows
+
+    m, width = 8 * world, 3
+    zeros = lambda n: torch.zeros(n, dtype=torch.int64)  # noqa: E731
+    ones = lambda n: torch.ones(n, dtype=torch.int64)  # noqa: E731
+    plans = {
+        "reversed": RowPlan("contiguous", world, m, tuple(((8 * (world - 1 - r), 8 * (world - r)),) for r in range(world)),
+                            (1,) * world),
+        "striped": plan_rows(zeros(m), ones(m), world, "striped", stripe_rows=2),
+        "remainder0": plan_rows(zeros(m + 1), ones(m + 1), world, "remainder0"),
+        "fold": plan_rows(zeros(m), ones(m), world, "fold"),
+    }
+    results = {}
+    for name, plan in plans.items():
+        rows = plan.num_rows
+        full = torch.arange(rows * width, dtype=torch.int32).view(rows, width)
+        modes = ("allgatherv", "padded", "maxreduce") + (("ring",) if name in ("remainder0", "fold") else ())
+        for mode in modes:
+            if mode == "allgatherv" and len(set(plan.rows_per_rank)) > 1:
+                continue  # gloo cannot gather unequal slices
+            ex = Exchange(plan, rank, dist.group.WORLD, mode, width, torch.int32, torch.device("cpu"))
+            out = torch.full((rows, width), 2**30, dtype=torch.int32)
+            ex.before(out)
+            for a, b in plan.pieces[rank]:
+                out[a:b] = full[a:b]  # this rank's rows, computed in place
+            ex(out)
+            results[(name, mode)] = bool(torch.equal(out, full))
+    return results
+
+
+@pytest.mark.parametrize("tp", [2, 3])
+def test_every_exchange_fills_the_table_in_place(tp):
+    for results in run_ranks(_exchange_rank, tp, timeout=300):
+        assert results and all(results.values()), results
+        assert ("reversed", "allgatherv") in results and ("striped", "allgatherv") in results
