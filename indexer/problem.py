@@ -213,10 +213,8 @@ def check_out(problem: Problem, out: object) -> torch.Tensor:
     _shape(out, "out", (problem.num_rows, problem.topk), "[M, topk]")
     if out.device != problem.device:
         raise ValueError(f"out is on {out.device} but the inputs are on {problem.device}")
-    if problem.num_rows > 1 and problem.topk > 1 and not (out.stride(1) == 1 and out.stride(0) >= problem.topk):
+    if (problem.topk > 1 and out.stride(1) != 1) or (problem.num_rows > 1 and out.stride(0) < problem.topk):
         raise ValueError(f"out must have column stride 1 and row stride >= topk, got strides {list(out.stride())}")
-    if problem.num_rows > 1 and problem.topk == 1 and out.stride(0) < 1:
-        raise ValueError(f"out must have row stride >= 1, got strides {list(out.stride())}")
     return out
 
 

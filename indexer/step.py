@@ -36,7 +36,7 @@ from .collective import (
 )
 from .partition import DEFAULT_STRIPE_ROWS, RowPlan, plan_candidates
 from .platform import platform_for_device
-from .problem import LayerInputs, Problem, check_inputs, check_out, check_values, make_problem
+from .problem import LayerInputs, Problem, check_bounds, check_inputs, check_out, check_values, make_problem
 
 log = logging.getLogger("indexer")
 
@@ -125,6 +125,11 @@ def plan(
         check_values: ``off|async|sync``: each run checks that ``k_scale`` (where a row
             reads it) and ``weights`` are finite (default ``INDEXER_CHECK_VALUES``, off).
 
+    The plan's logits workspace and top-k scratch are the device's, shared with the other
+    plans made while the same CUDA stream was current: runs of those plans must not overlap
+    (one stream, or ordered). For plans run concurrently on several streams, make each
+    while its stream is current.
+
     Returns:
         The :class:`StepPlan`.
 
@@ -201,15 +206,16 @@ class StepPlan:
             info.reason = f"sharded: {row_plan.describe()}, reassembly {mode}"
         ranges = row_plan.rank_rows(rank) if row_plan is not None else [(0, m)]
         self.chunks = plan_chunks(chosen, problem, ranges, budget)
-        self.workspace = prepare_chunks(chosen, problem, self.chunks, budget)
+        self.workspace, self.scratch = prepare_chunks(chosen, problem, self.chunks, budget)
         info.chunks = len(self.chunks)
         info.compressed_chunks = sum(c.compressed for c in self.chunks)
         self.exchange = None
         self.result = None
+        # the exchange (and a backend that writes rows at a fixed stride) needs a contiguous
+        # table: an `out` that is not gets a copy of the plan's own (made at the first such run)
+        self.contiguous = row_plan is not None or not chosen.strided_out
         if row_plan is not None:
             self.exchange = Exchange(row_plan, rank, group, info.reassembly, problem.topk, torch.int32, problem.device)
-            # the exchange needs a contiguous table: an `out` that is not gets a copy of this
-            self.result = torch.empty(m, problem.topk, dtype=torch.int32, device=problem.device)
         self.backend, self.info, self.group = chosen, info, group
         log.debug("indexer plan M=%d N=%d: %s", m, problem.num_keys, self)
 
@@ -246,7 +252,11 @@ class StepPlan:
         if out is None:
             out = torch.empty(problem.num_rows, problem.topk, dtype=torch.int32, device=problem.device)
         ex = self.exchange
-        table = out if ex is None or out.is_contiguous() else self.result
+        table = out
+        if self.contiguous and not out.is_contiguous():
+            if self.result is None:
+                self.result = torch.empty(problem.num_rows, problem.topk, dtype=torch.int32, device=problem.device)
+            table = self.result
         if ex is not None:
             ex.before(table)
         run_chunks(self.backend, problem, inputs, self.chunks, table)
@@ -257,10 +267,10 @@ class StepPlan:
                 dist.barrier(group=self.group)
                 self.info.wait_ms = clock.lap()
             ex(table)
-            if table is not out:
-                out.copy_(table)
             if clock is not None:
                 self.info.exchange_ms = clock.lap()
+        if table is not out:
+            out.copy_(table)
         return out
 
     def update_bounds(self, row_starts: torch.Tensor | None = None, row_ends: torch.Tensor | None = None) -> None:
@@ -271,18 +281,32 @@ class StepPlan:
         should be pinned for the copy not to wait), or none after copying them yourself
         into the device int32 tensors the plan was made with (it uses those in place). The
         new windows must fit the planned ones: each row's window inside the key range of
-        its chunk (``plan.chunks``) and, for a compressed chunk, no longer than its width.
+        its chunk (``plan.chunks``) and, for a compressed chunk, no longer than its width
+        (device bounds cannot be checked without a sync: a window past its chunk's keys is
+        clipped to them, so only that row's answer is wrong). Host bounds are checked
+        (``0 <= row_starts <= row_ends <= N``) before anything is copied.
         Plan a size bucket with every row at its widest window to reuse it across steps.
         The row split stays the planned one (any split gives the same sets), and value checks
         keep looking at the planned key range.
         """
         p = self.problem
-        for name, src, dst in (("row_starts", row_starts, p.row_starts), ("row_ends", row_ends, p.row_ends)):
+        new = (("row_starts", row_starts, p.row_starts), ("row_ends", row_ends, p.row_ends))
+        # every check before anything is copied: a refused call leaves the plan (and bounds
+        # it uses in place) as they were
+        for name, src, _ in new:
             if src is None:
                 continue
-            if not isinstance(src, torch.Tensor) or tuple(src.shape) != (p.num_rows,) or src.dtype.is_floating_point:
+            if (not isinstance(src, torch.Tensor) or tuple(src.shape) != (p.num_rows,) or src.dtype.is_floating_point
+                    or src.dtype.is_complex or src.dtype == torch.bool):
                 raise ValueError(f"{name} must be an int tensor of shape [{p.num_rows}], got {src!r:.80}")
-            dst.copy_(src, non_blocking=True)
+            if src.device.type != "cpu" and src.device != p.device:
+                raise ValueError(f"{name} is on {src.device}: give the bounds on the host or on {p.device}")
+        if row_starts is not None and row_ends is not None and row_starts.device.type == "cpu" \
+                and row_ends.device.type == "cpu":
+            check_bounds(row_starts.to(torch.int64), row_ends.to(torch.int64), p.num_keys)  # free on the host
+        for _, src, dst in new:
+            if src is not None:
+                dst.copy_(src, non_blocking=True)
         for c in self.chunks:
             if not c.empty:
                 fill_index(p, c)

@@ -7,9 +7,12 @@ Here each device owns one flat buffer of a fixed size, set by the byte budget
 chunk that needs it and reused by every later chunk, layer and call. It is re-allocated only
 if the budget changes (or a single row needs more than the budget allows).
 
-One buffer per device *and stream* (per thread on the CPU): calls on different CUDA streams
-never share logits. Calls from several threads on one stream do, so they are not supported
-(as with any library that keeps a workspace per stream).
+One buffer per device *and stream* (per thread on the CPU), taken when a step is planned:
+plans made while different CUDA streams are current never share one. Plans made on one
+stream do, so their runs must not overlap (run them on that stream, or order them); calls
+from several threads on one stream are not supported (as with any library that keeps a
+workspace per stream). The Triton top-k's scratch is kept the same way, beside it
+(:func:`scratch_workspace`).
 """
 
 from __future__ import annotations
@@ -65,12 +68,33 @@ def logits_workspace(device: torch.device, numel: int, budget_bytes: int) -> tor
         return buf[:numel]
 
 
+def scratch_workspace(device: torch.device, numel: int) -> torch.Tensor:
+    """An int64 ``[numel]`` view of the device's top-k scratch (contents undefined), kept
+    beside the logits workspace, per device and stream like it. It only grows: a larger need
+    takes a new block (plans that hold the old one keep it until they are dropped)."""
+    device = torch.device(device)
+    key = (device, _owner(device))
+    with _lock:
+        held = _scratch.get(key)
+        if held is None or held.numel() < numel:
+            _scratch.pop(key, None)
+            del held
+            held = _scratch[key] = torch.empty(numel, dtype=torch.int64, device=device)
+        return held[:numel]
+
+
+_scratch: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
 def workspace_bytes() -> dict[str, int]:
-    """Bytes held by each device's workspace, for ``python -m indexer info``."""
+    """Bytes held by each device's workspaces (logits and top-k scratch), for ``python -m
+    indexer info``."""
     out: dict[str, int] = {}
     with _lock:
         for (d, _), (b, _) in _buffers.items():
             out[str(d)] = out.get(str(d), 0) + b.numel() * 4
+        for (d, _), b in _scratch.items():
+            out[str(d)] = out.get(str(d), 0) + b.numel() * 8
     return out
 
 
@@ -78,3 +102,4 @@ def release_workspaces() -> None:
     """Drop every workspace (e.g. before a memory measurement)."""
     with _lock:
         _buffers.clear()
+        _scratch.clear()

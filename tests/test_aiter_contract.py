@@ -48,8 +48,10 @@ def _stand_in_topk(calls, absolute, with_k):
         calls.append(("topk", num_rows, stride0, k))
         assert logits.dtype == torch.float32 and indices.dtype == torch.int32
         assert indices.shape == (num_rows, k)
-        # read rows through stride0 exactly as the kernel does (row pointer = base + r * stride0)
+        # read rows through stride0 exactly as the kernel does (row pointer = base + r * stride0);
+        # write row r at r * k from indices' start, whatever its strides, as the kernel does
         rows = torch.as_strided(logits, (num_rows, logits.shape[1]), (stride0, 1), logits.storage_offset())
+        indices = torch.as_strided(indices, (num_rows, k), (k, 1), indices.storage_offset())
         for r in range(num_rows):
             s, e = int(rowStarts[r]), int(rowEnds[r])
             n = e - s
@@ -187,3 +189,17 @@ def test_chunks_never_exceed_aiter_row_regime(stand_in_aiter):
         sizes.append(end - start)
         start = end
     assert max(sizes) == 1024 and sum(sizes) == 3000
+
+
+def test_a_row_strided_out_reaches_aiters_top_k_as_a_contiguous_table(stand_in_aiter, monkeypatch):
+    # AITER's top-k writes row i at i * k: a view like buf[:, :k] must go through a
+    # contiguous table and a copy, or rows land in the wrong places
+    if not stand_in_aiter.current:
+        pytest.skip("the current AITER (with k) only")
+    monkeypatch.setattr(rocm_backend.AiterBackend, "not_supported_reasons", lambda self, problem: [])
+    inp = make_inputs([300, 120], [60, 120], heads=4, head_dim=32, seed=2)
+    topk = 40
+    buf = torch.full((180, topk + 7), 555, dtype=torch.int32)
+    got = indexer.prefill_topk(*inp.args(), topk, backend="aiter", out=buf[:, :topk])
+    assert got.data_ptr() == buf.data_ptr() and (buf[:, topk:] == 555).all()
+    assert_matches_naive(buf[:, :topk], inp, topk)

@@ -200,6 +200,61 @@ def test_update_bounds_follows_new_windows_inside_the_planned_ones():
     assert sets_equal(plan.run(q, k, ks, w), indexer.prefill_topk(q, k, ks, w, s, e, TOPK))
 
 
+def test_update_bounds_refuses_bad_bounds_before_changing_anything():
+    m, n = 16, 100
+    s = torch.zeros(m, dtype=torch.int32)
+    e = torch.full((m,), n, dtype=torch.int32)
+    plan = _plan(s, e, n)  # CPU int32 bounds: used in place
+    for bad in (dict(row_starts=s + 1, row_ends=torch.zeros(m)), dict(row_starts=s[:-1]),
+                dict(row_starts=s + 5, row_ends=e - 99), dict(row_starts=s, row_ends=e + 1)):
+        with pytest.raises(ValueError, match="row_"):
+            plan.update_bounds(**bad)
+        assert (s == 0).all() and (e == n).all() and (plan.chunks[0].lengths == n).all()
+
+
+@pytest.mark.skipif("triton" not in _backends(), reason="needs Triton's interpreter on CPU")
+def test_a_window_past_a_compressed_chunk_spoils_only_its_own_row():
+    # bounds refreshed past the plan (not checkable on the device without a sync): the
+    # logits kernel must not write into the next row of the block
+    s, e, n = _bounds()
+    plan = _plan(s, e, n, backend="triton")
+    (chunk,) = plan.chunks
+    assert chunk.compressed
+    s2, e2 = s.clone(), e.clone()
+    s2[10], e2[10] = 0, chunk.width + 120  # longer than the block
+    plan.update_bounds(s2, e2)
+    layer = _layer(4, s.numel(), n)
+    got = plan.run(*layer)
+    want = indexer.prefill_topk(*layer, s2, e2, TOPK, backend="triton")
+    others = torch.arange(s.numel()) != 10
+    assert sets_equal(got[others], want[others])
+
+
+def test_a_column_strided_out_is_refused_even_for_one_row():
+    inp = make_inputs([40], [1], heads=HEADS, head_dim=DIM)
+    plan = _plan(inp.row_starts, inp.row_ends, 40)
+    buf = torch.zeros(1, 2 * TOPK, dtype=torch.int32)
+    with pytest.raises(ValueError, match="out must have column stride 1"):
+        plan.run(inp.q, inp.k, inp.k_scale, inp.weights, out=buf[:, ::2])
+
+
+@pytest.mark.skipif("triton" not in _backends(), reason="needs Triton's interpreter on CPU")
+def test_top_k_scratch_lives_beside_the_logits_workspace(monkeypatch):
+    from indexer import workspace
+
+    monkeypatch.setenv("INDEXER_TOPK", "triton")  # the Triton top-k (its scratch), in the interpreter
+    workspace.release_workspaces()
+    s, e, n = _bounds()
+    plan = _plan(s, e, n, backend="triton", max_logits_mb=1.0)
+    need = max(c.state["scratch_numel"] for c in plan.chunks if not c.empty)
+    # views of the largest chunk's need; the logits workspace keeps its budget's size
+    assert plan.workspace.numel() == max(c.num_rows * c.width for c in plan.chunks)
+    assert plan.scratch.numel() == need and plan.scratch.dtype == torch.int64
+    held = workspace.workspace_bytes()["cpu"]
+    assert held == 4 * workspace.workspace_numel(2**20) + 8 * need
+    workspace.release_workspaces()
+
+
 def test_plan_says_what_it_decided():
     s, e, n = _bounds()
     plan = _plan(s, e, n, max_logits_mb=0.01)

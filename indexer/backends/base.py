@@ -18,7 +18,7 @@ import torch
 
 from ..partition import CostModel
 from ..problem import LayerInputs, Problem
-from ..workspace import MAX_CHUNK_BYTES, logits_workspace
+from ..workspace import MAX_CHUNK_BYTES, logits_workspace, scratch_workspace
 
 
 @dataclass(eq=False)
@@ -80,6 +80,9 @@ class Backend(abc.ABC):
     """Whether :meth:`topk` follows ``INDEXER_TOPK``."""
     max_chunk_rows: ClassVar[int | None] = None
     """Cap on rows per chunk, for kernels whose arithmetic changes with the row count."""
+    strided_out: ClassVar[bool] = True
+    """Whether :meth:`topk` writes an ``out`` with any row stride (else a run gives it a
+    contiguous table and copies)."""
 
     @abc.abstractmethod
     def not_supported_reasons(self, problem: Problem | None) -> list[str]:
@@ -159,6 +162,10 @@ def fill_index(problem: Problem, chunk: Chunk) -> None:
     n = hi - lo
     torch.sub(problem.row_starts[a:b], lo, out=chunk.starts).clamp_(0, n)
     torch.sub(problem.row_ends[a:b], lo, out=chunk.ends).clamp_(0, n)
+    if chunk.compressed:
+        # a window longer than the block (bounds refreshed past the plan) must not write
+        # into the next row: clipped, only its own answer is wrong
+        torch.minimum(chunk.ends, chunk.starts + chunk.width, out=chunk.ends)
     torch.sub(chunk.ends, chunk.starts, out=chunk.lengths)
     if not chunk.compressed:
         chunk.block_starts = chunk.starts
@@ -258,33 +265,36 @@ def plan_chunks(backend: Backend, problem: Problem, ranges: Sequence[tuple[int, 
     return chunks
 
 
-def prepare_chunks(backend: Backend, problem: Problem, chunks: Sequence[Chunk], budget_bytes: int | None) -> torch.Tensor | None:
-    """Plan time: the backend's per-chunk state, then one workspace for the largest chunk
-    (its logits, where the backend writes them there, and its top-k scratch), and each
-    chunk's views into it. Returns the workspace (``None`` when no chunk needs one): the
-    device's shared one (:func:`~indexer.workspace.logits_workspace`), or with
-    ``budget_bytes=None`` a buffer of its own."""
+def prepare_chunks(backend: Backend, problem: Problem, chunks: Sequence[Chunk],
+                   budget_bytes: int | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Plan time: the backend's per-chunk state, then the buffers of the largest chunk, and
+    each chunk's views into them: the logits workspace (where the backend writes its logits
+    there) and the top-k scratch. The device's shared ones
+    (:func:`~indexer.workspace.logits_workspace`, :func:`~indexer.workspace.scratch_workspace`:
+    chunks run one after another), or with ``budget_bytes=None`` buffers of their own.
+
+    Returns:
+        ``(logits workspace, scratch)``, each ``None`` where no chunk needs it.
+    """
     backend.prepare(problem, chunks)
-
-    def place(c: Chunk) -> tuple[int, int]:
-        logits = _align(c.num_rows * c.width, 64) if backend.uses_workspace else 0
-        return logits, 2 * c.state.get("scratch_numel", 0)
-
-    need = max((sum(place(c)) for c in chunks if not c.empty), default=0)
-    ws = None
-    if need:
-        ws = (logits_workspace(problem.device, need, budget_bytes) if budget_bytes is not None
-              else torch.empty(need, dtype=torch.float32, device=problem.device))
-    for c in chunks:
-        if c.empty:
-            continue
-        logits, scratch = place(c)
-        if backend.uses_workspace:
+    live = [c for c in chunks if not c.empty]
+    logits_need = max((c.num_rows * c.width for c in live), default=0) if backend.uses_workspace else 0
+    scratch_need = max((c.state.get("scratch_numel", 0) for c in live), default=0)
+    own = budget_bytes is None
+    ws = scratch = None
+    if logits_need:
+        ws = (torch.empty(logits_need, dtype=torch.float32, device=problem.device) if own
+              else logits_workspace(problem.device, logits_need, budget_bytes))
+    if scratch_need:
+        scratch = (torch.empty(scratch_need, dtype=torch.int64, device=problem.device) if own
+                   else scratch_workspace(problem.device, scratch_need))
+    for c in live:
+        if ws is not None:
             c.workspace = ws[: c.num_rows * c.width].view(c.num_rows, c.width)
-        if scratch:
-            c.state["scratch"] = ws[logits : logits + scratch].view(torch.int64)
+        if c.state.get("scratch_numel", 0):
+            c.state["scratch"] = scratch[: c.state["scratch_numel"]]
     backend.bind(problem, chunks)
-    return ws
+    return ws, scratch
 
 
 def single_chunk(backend: Backend, problem: Problem, rows: tuple[int, int], cols: tuple[int, int],
@@ -294,10 +304,6 @@ def single_chunk(backend: Backend, problem: Problem, rows: tuple[int, int], cols
     chunk = new_chunk(problem, rows, cols, compressed)
     prepare_chunks(backend, problem, [chunk], None)
     return chunk
-
-
-def _align(x: int, to: int) -> int:
-    return (x + to - 1) // to * to
 
 
 def run_chunks(backend: Backend, problem: Problem, inputs: LayerInputs, chunks: Sequence[Chunk], out: torch.Tensor) -> None:

@@ -85,8 +85,11 @@ class _TorchTopk:
 
     def __call__(self, logits: torch.Tensor, out: torch.Tensor) -> None:
         c = self.chunk
-        # a compressed block has no -inf around the windows: the way that never reads there
-        row_topk(logits, c.block_starts, c.lengths, self.topk, out, c.lengths_host, sync_free=c.compressed or None)
+        # a compressed block has no -inf around the windows: the way that never reads there.
+        # Off the CPU the host's lengths are not used: a CUDA graph would freeze the choice
+        # they make (no row long enough to select) past a later update_bounds
+        host = c.lengths_host if logits.device.type == "cpu" else None
+        row_topk(logits, c.block_starts, c.lengths, self.topk, out, host, sync_free=c.compressed or None)
 
 
 def row_topk(

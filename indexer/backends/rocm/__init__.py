@@ -104,6 +104,8 @@ class AiterBackend(Backend):
     # 1024 rows, 32-wide above, read in its source): one regime for every chunk keeps a
     # row's bits the same whichever rank and chunk compute it
     max_chunk_rows = 1024
+    # AITER's top_k_per_row_prefill writes row i at i * k, whatever out's row stride
+    strided_out = False
 
     def not_supported_reasons(self, problem: Problem | None) -> list[str]:
         api = _load()
