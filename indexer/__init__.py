@@ -1,5 +1,8 @@
 """indexer: exact, tensor-parallel-sharded lightning-indexer prefill top-k.
 
+``indexer.plan(...)`` once per forward step, ``plan.run(...)`` every layer (no sync, no
+allocation, CUDA-graph capturable); ``indexer.prefill_topk(...)`` both in one call.
+
 ``import indexer`` needs only torch; vendor packages (DeepGEMM, AITER, Triton) are imported
 lazily inside their backends, and no device context is created at import.
 """
