@@ -300,11 +300,8 @@ def validate(
     q, k, k_scale, weights = (_tensor(x, n) for x, n in ((q, "q"), (k, "k"), (k_scale, "k_scale"), (weights, "weights")))
     row_starts, row_ends = _tensor(row_starts, "row_starts"), _tensor(row_ends, "row_ends")
     _int(topk, "topk", 1)
+    # q's dtype and shape give the step's; check_inputs then checks the other tensors against them
     _dtype(q, "q", FP8_DTYPES)
-    if k.dtype != q.dtype:
-        raise TypeError(f"k must have the same fp8 dtype as q ({q.dtype}), got {k.dtype}")
-    _dtype(k_scale, "k_scale", (torch.float32,))
-    _dtype(weights, "weights", (torch.float32,))
     _dtype(row_starts, "row_starts", (torch.int32,))
     _dtype(row_ends, "row_ends", (torch.int32,))
     if q.dim() != 3:
@@ -314,8 +311,6 @@ def validate(
         raise ValueError(f"q must have H >= 1 heads and D >= 1, got shape {list(q.shape)}")
     if k.dim() != 2:
         raise ValueError(f"k must be 2-D [N, D], got shape {list(k.shape)}")
-    if k.shape[1] != d:
-        raise ValueError(f"k must have shape [N, D] with D = {d} (from q), got {list(k.shape)}")
     _shape(row_starts, "row_starts", (m,), "[M]")
     _shape(row_ends, "row_ends", (m,), "[M]")
     device = q.device

@@ -167,8 +167,6 @@ def fill_index(problem: Problem, chunk: Chunk) -> None:
         # into the next row: clipped, only its own answer is wrong
         torch.minimum(chunk.ends, chunk.starts + chunk.width, out=chunk.ends)
     torch.sub(chunk.ends, chunk.starts, out=chunk.lengths)
-    if not chunk.compressed:
-        chunk.block_starts = chunk.starts
 
 
 def new_chunk(problem: Problem, rows: tuple[int, int], cols: tuple[int, int], compressed: bool = False) -> Chunk:
@@ -179,10 +177,10 @@ def new_chunk(problem: Problem, rows: tuple[int, int], cols: tuple[int, int], co
     r, device = b - a, problem.device
     length = (problem.ends_host[a:b].clamp(lo, hi) - problem.starts_host[a:b].clamp(lo, hi)).clamp_min(0)
     width = 0 if hi <= lo else (int(length.max()) if compressed and r else hi - lo)
-    idx = torch.empty(4, r, dtype=torch.int32, device=device)
-    chunk = Chunk(rows, cols, width, compressed, idx[0], idx[1], idx[2], idx[3], length)
-    if compressed:
-        chunk.block_starts.zero_()
+    idx = torch.empty(3, r, dtype=torch.int32, device=device)
+    # a compressed block's rows all start at column 0; a full-width one's at their starts
+    block_starts = torch.zeros(r, dtype=torch.int32, device=device) if compressed else idx[0]
+    chunk = Chunk(rows, cols, width, compressed, idx[0], idx[1], block_starts, idx[2], length)
     fill_index(problem, chunk)
     return chunk
 
@@ -306,12 +304,13 @@ def single_chunk(backend: Backend, problem: Problem, rows: tuple[int, int], cols
     return chunk
 
 
-def run_chunks(backend: Backend, problem: Problem, inputs: LayerInputs, chunks: Sequence[Chunk], out: torch.Tensor) -> None:
-    """Launch every chunk: its logits, then its top-k into ``out[a:b]`` (``out`` indexed by
-    global row)."""
+def run_chunks(backend: Backend, problem: Problem, inputs: LayerInputs, chunks: Sequence[Chunk], out: torch.Tensor,
+               first: int = 0) -> None:
+    """Launch every chunk: its logits, then its top-k into ``out[a - first : b - first]``
+    (``out``'s row 0 is global row ``first``)."""
     for c in chunks:
         a, b = c.rows
-        dst = out[a:b]
+        dst = out[a - first : b - first]
         if c.empty:
             dst.fill_(-1)
             continue
@@ -337,16 +336,5 @@ def run_rows(
     row = 0
     for a, b in ranges:
         part = [c for c in chunks if a <= c.rows[0] < b]
-        # out's rows of this range, seen as global rows a..b
-        run_chunks(backend, problem, inputs, part, _shifted(out[row : row + b - a], a))
+        run_chunks(backend, problem, inputs, part, out[row : row + b - a], first=a)
         row += b - a
-
-
-class _shifted:
-    """``out`` indexed by global rows: ``view[a:b]`` is ``out[a - first : b - first]``."""
-
-    def __init__(self, out: torch.Tensor, first: int):
-        self.out, self.first = out, first
-
-    def __getitem__(self, s: slice) -> torch.Tensor:
-        return self.out[s.start - self.first : s.stop - self.first]

@@ -166,7 +166,8 @@ def _rank_main(rank: int, world: int, cfg: dict) -> list[dict]:
         group = dist.group.WORLD
     topk, layers, reps = cfg["topk"], cfg["layers"], cfg["repeats"]
     records = []
-    for ci, c in enumerate(_configs(cfg)):
+    configs = _configs(cfg)
+    for ci, c in enumerate(configs):
         inp = make_inputs(c["seq"], c["q"], cfg["heads"], cfg["head_dim"], device, seed=sum(c["seq"]))
         m, n = inp.q.shape[0], inp.k.shape[0]
         x = w = None
@@ -194,7 +195,7 @@ def _rank_main(rank: int, world: int, cfg: dict) -> list[dict]:
         ref = None
         for way, call in calls.items():
             if rank == 0:
-                print(f"[{ci + 1}/{len(_configs(cfg))}] {c['name']}: {way}", file=sys.stderr, flush=True)
+                print(f"[{ci + 1}/{len(configs)}] {c['name']}: {way}", file=sys.stderr, flush=True)
             call()
             res = out.clone() if way != "deepgemm + torch.topk" else None
             if ref is None:

@@ -1322,7 +1322,11 @@ def _run_selects(device: torch.device, rows: int, selects: tuple, logits, starts
     # launch only)
     args = (logits, starts, lengths, out, cand32, counts, thr, ctl, wpos, stats, stride_lm, out.stride(0), sample_min)
     for first, kw in selects:
-        _SELECT(rows if first else _programs(device, rows, SECOND_PROGRAMS_PER_SM), args, kw, device.index, direct)
+        _SELECT(_select_grid(device, rows, first), args, kw, device.index, direct)
+
+
+def _select_grid(device: torch.device, rows: int, first: bool) -> int:
+    return rows if first else _programs(device, rows, SECOND_PROGRAMS_PER_SM)
 
 
 def ragged_topk(
@@ -1575,8 +1579,7 @@ class RaggedTopk:
         select_args = (0, starts, lens, 0, cand32, counts, thr if retry_kw is None else thr2, ctl, wpos, stats, 0, 0,
                        sample_min)
         for first, kw in selects:
-            grid = rows if first else _programs(device, rows, SECOND_PROGRAMS_PER_SM)
-            launches.append((grid, _SELECT.bind(select_args, kw, index, direct, (0, 3, 10, 11)), (0, 1, 2, 3)))
+            launches.append((_select_grid(device, rows, first), _SELECT.bind(select_args, kw, index, direct, (0, 3, 10, 11)), (0, 1, 2, 3)))
         self.launches = tuple(launches)
 
     def __call__(self, logits: torch.Tensor, out: torch.Tensor) -> None:
