@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from . import envs
+from .plan_cache import cached_plan
+from .platform import platform_for_device
 from .problem import validate
 from .step import StepInfo, StepPlan, _Clock, choose_plan  # noqa: F401 - choose_plan re-exported
 
@@ -103,11 +108,16 @@ def prefill_topk_with_info(
             benchmarks, not for production).
     """
     problem, inputs = validate(q, k, k_scale, weights, row_starts, row_ends, topk, out)
-    step = StepPlan(problem, group=group, backend=backend, strategy=strategy, reassembly=reassembly,
-                    max_logits_mb=max_logits_mb, tp_shard=tp_shard, min_rows_per_rank=min_rows_per_rank,
-                    check_values="off")  # validate checked the values already
+    options = dict(backend=backend, strategy=strategy, reassembly=reassembly, max_logits_mb=max_logits_mb,
+                   tp_shard=tp_shard, min_rows_per_rank=min_rows_per_rank)
+    # a plan is reused by later calls with the same bounds and settings (the layers of a
+    # step), except where each call must run the ranks' consistency check
+    reuse = group is None or not envs.value("CHECK_CONSISTENCY", platform_for_device(problem.device).key)
+    step = cached_plan(problem, group, options, lambda: StepPlan(
+        problem, group=group, check_values="off", **options), reuse)  # validate checked the values already
     result = step._run(inputs, out, _Clock(problem.device) if timing else None)
-    return result, step.info
+    # a copy: a later call reusing the plan writes its own timings into the plan's info
+    return result, dataclasses.replace(step.info)
 
 
 def quantize_fp8(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:

@@ -84,6 +84,13 @@ def scratch_workspace(device: torch.device, numel: int) -> torch.Tensor:
 
 
 _scratch: dict[tuple[torch.device, int], torch.Tensor] = {}
+_release_hooks: list = []
+
+
+def on_release(fn) -> None:
+    """Call ``fn()`` whenever :func:`release_workspaces` runs (for holders of workspace views,
+    such as the plans that :func:`indexer.prefill_topk` keeps)."""
+    _release_hooks.append(fn)
 
 
 def workspace_bytes() -> dict[str, int]:
@@ -99,7 +106,10 @@ def workspace_bytes() -> dict[str, int]:
 
 
 def release_workspaces() -> None:
-    """Drop every workspace (e.g. before a memory measurement)."""
+    """Drop every workspace (e.g. before a memory measurement), and the cached plans that
+    hold views of them."""
     with _lock:
         _buffers.clear()
         _scratch.clear()
+    for fn in _release_hooks:
+        fn()

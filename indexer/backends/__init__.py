@@ -48,6 +48,12 @@ def register_backend(name: str, module: str) -> None:
     _INSTANCES.pop(name, None)
 
 
+def registry_key() -> tuple:
+    """What the registry maps names to now: changes whenever a backend is registered or an
+    instance replaced (for caches of plans made with these backends)."""
+    return tuple(_MODULES.items()), tuple((name, id(b)) for name, b in _INSTANCES.items())
+
+
 def backend_names() -> tuple[str, ...]:
     return tuple(_MODULES)
 

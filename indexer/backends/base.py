@@ -243,7 +243,9 @@ def plan_chunks(backend: Backend, problem: Problem, ranges: Sequence[tuple[int, 
     """
     compressed_ok = problem.num_rows > 0 and backend.compressed_logits(problem)
     chunks = []
-    hint = 1024
+    # the first scan covers up to 16384 rows at once: a scan's cost is its few dozen tensor
+    # ops, not their length, so a step of a few thousand rows is planned in one scan
+    hint = 16384
     for a, b in ranges:
         start = a
         # rows whose windows all start at one key (one request's chunk) gain nothing from

@@ -39,6 +39,7 @@ import os
 
 import torch
 
+from .. import plan_cache
 from .timing import graph_ms, host_ms, int_list, median_ms, queued_median_ms, table
 
 
@@ -374,6 +375,7 @@ def _tune(args: argparse.Namespace, device: torch.device) -> dict:
                        ("same", "same set", ".1%")]))
     best = {key: value for key, value in rows[0].items() if key not in ("ms", "same")}  # the grid's config
     T.TOPK_CONFIGS[T._arch(device)] = best
+    plan_cache.clear()  # plans made before hold the old config's launches
     print(f"best: TOPK_CONFIGS[{T._arch(device)!r}] = {best} (used for the rest of this run)")
     return best
 
