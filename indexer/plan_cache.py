@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from .backends import registry_key
+from .backends import is_registered_instance, registry_key
 from .problem import Problem
 from .workspace import _owner, on_release
 
@@ -57,7 +57,8 @@ def cached_plan(problem: Problem, group: object | None, options: dict, make: Cal
     key = _key(problem, group, tuple(sorted(options.items())))
     with _lock:
         hit = _plans.get(key)
-        if hit is not None and torch.equal(hit[0], problem.starts_host) and torch.equal(hit[1], problem.ends_host):
+        if (hit is not None and torch.equal(hit[0], problem.starts_host) and torch.equal(hit[1], problem.ends_host)
+                and is_registered_instance(hit[2].backend)):
             _plans.move_to_end(key)
             return hit[2]
     plan = make()

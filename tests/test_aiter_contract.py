@@ -17,7 +17,7 @@ import torch
 
 import indexer
 from indexer.backends import get_backend, run_rows
-from indexer.backends import rocm as rocm_backend
+from indexer.backends import aiter as aiter_backend
 from indexer.problem import validate
 from indexer.synthetic import make_inputs
 
@@ -92,15 +92,15 @@ def stand_in_aiter(request, monkeypatch):
         mods["aiter.ops.topk"].top_k_per_row_prefill = top_k_per_row_prefill
     for name, mod in mods.items():
         monkeypatch.setitem(sys.modules, name, mod)
-    rocm_backend._load.cache_clear()
-    rocm_backend._topk_is_absolute.cache_clear()
+    aiter_backend._load.cache_clear()
+    aiter_backend._topk_is_absolute.cache_clear()
     yield types.SimpleNamespace(calls=calls, current=current)
-    rocm_backend._load.cache_clear()
-    rocm_backend._topk_is_absolute.cache_clear()
+    aiter_backend._load.cache_clear()
+    aiter_backend._topk_is_absolute.cache_clear()
 
 
 def test_stand_in_is_loaded(stand_in_aiter):
-    api = rocm_backend._load()
+    api = aiter_backend._load()
     assert api.error == "" and api.logits is not None and api.topk is not None
     assert api.topk_has_k == stand_in_aiter.current
 
@@ -114,7 +114,7 @@ def test_results_match_reference_through_the_wrapper(stand_in_aiter, fp8):
     inp.row_ends[40:43] = 0
     problem, inputs = validate(*inp.args(), topk)
     backend = get_backend("aiter")
-    assert backend.problem_reasons(problem, fp8, rocm_backend._load()) == []
+    assert backend.problem_reasons(problem, fp8, aiter_backend._load()) == []
     out = torch.full((problem.num_rows, topk), 7777, dtype=torch.int32)
     run_rows(backend, problem, inputs, [(0, problem.num_rows)], out, budget_bytes=2**20)  # several chunks
     assert not (out == 7777).any()
@@ -128,7 +128,7 @@ def test_results_match_reference_through_the_wrapper(stand_in_aiter, fp8):
 
 
 def test_problem_reasons(stand_in_aiter):
-    api = rocm_backend._load()
+    api = aiter_backend._load()
     backend = get_backend("aiter")
     inp = make_inputs([300], [20], heads=4, head_dim=32, fp8_dtype=torch.float8_e4m3fn)
     p, _ = validate(*inp.args(), 64)
@@ -196,7 +196,7 @@ def test_a_row_strided_out_reaches_aiters_top_k_as_a_contiguous_table(stand_in_a
     # contiguous table and a copy, or rows land in the wrong places
     if not stand_in_aiter.current:
         pytest.skip("the current AITER (with k) only")
-    monkeypatch.setattr(rocm_backend.AiterBackend, "not_supported_reasons", lambda self, problem: [])
+    monkeypatch.setattr(aiter_backend.AiterBackend, "not_supported_reasons", lambda self, problem: [])
     inp = make_inputs([300, 120], [60, 120], heads=4, head_dim=32, seed=2)
     topk = 40
     buf = torch.full((180, topk + 7), 555, dtype=torch.int32)

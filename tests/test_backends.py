@@ -91,7 +91,7 @@ def test_triton_backend_chunked_equals_whole():
 @pytest.mark.parametrize("heads,padded", [(16, 32), (33, 64), (64, 64)])
 def test_head_padding_leaves_logits_bit_identical(heads, padded):
     from indexer.backends import get_backend
-    from indexer.backends.cuda import pad_heads, padded_heads
+    from indexer.backends.deepgemm import pad_heads, padded_heads
 
     assert padded_heads(heads, "sm90") == padded
     assert padded_heads(65, "sm90") is None and padded_heads(8, "sm100") == 8

@@ -84,7 +84,7 @@ _SAMPLE_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, thr_pt
 
 
 def _topk_plan(config: dict, n: int, presample=None, fused=None, slices: int = 1):
-    from indexer.backends.triton import _topk as T
+    from indexer.topk.triton import ragged as T
 
     # ragged_topk's launches for `config`, topk=2048 over n-key rows (a CPU device stands for
     # the GPU in the plan)
@@ -95,7 +95,7 @@ def _topk_plan(config: dict, n: int, presample=None, fused=None, slices: int = 1
 
 
 def _amd_plan(presample: bool, fused: bool, slices: int = 1):
-    from indexer.backends.triton import _topk as T
+    from indexer.topk.triton import ragged as T
 
     # off NVIDIA (both AMD and the CPU take the default config, no ballot, no register caps),
     # 64K-key rows
@@ -103,7 +103,7 @@ def _amd_plan(presample: bool, fused: bool, slices: int = 1):
 
 
 def _topk_kernels(arch: str, presample: bool, fused: bool, slices: int) -> None:
-    from indexer.backends.triton import _topk as T
+    from indexer.topk.triton import ragged as T
 
     _, _, _, sample_kw, filter_kw, retry_kw, selects = _amd_plan(presample, fused, slices)
     assert filter_kw["SL"] == slices
@@ -119,7 +119,7 @@ def _topk_kernels(arch: str, presample: bool, fused: bool, slices: int) -> None:
 
 
 def _nvidia_topk_kernels(slices: int) -> None:
-    from indexer.backends.triton import _topk as T
+    from indexer.topk.triton import ragged as T
 
     # ragged_topk's launches with the sm90 config (a CPU device stands for the GPU in the
     # plan, told it is NVIDIA's: ballots, PTX steps and register caps), 1M-key rows
@@ -140,9 +140,9 @@ def _nvidia_topk_kernels(slices: int) -> None:
 def _logits_kernels(arch: str) -> None:
     # the DeepSeek-V3.2 / GLM-5 indexer shape, H=64 D=128, both logits kernels and the fused
     # logits + top-k filter (its stores are tl.store off NVIDIA)
-    from indexer.backends.triton import _fused_topk as F
-    from indexer.backends.triton import _kernels as K
-    from indexer.backends.triton import _topk as T
+    from indexer.backends.triton import fused_experimental as F
+    from indexer.backends.triton import kernels as K
+    from indexer.topk.triton import ragged as T
 
     fp8 = "*" + FP8[arch]
     h, d = 64, 128

@@ -8,10 +8,10 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from indexer.backends.topk_torch import row_topk  # noqa: E402
-from indexer.backends.triton import _fused_topk as F  # noqa: E402
-from indexer.backends.triton import _kernels as K  # noqa: E402
-from indexer.backends.triton import _topk as T  # noqa: E402
+from indexer.topk import row_topk  # noqa: E402
+from indexer.backends.triton import fused_experimental as F  # noqa: E402
+from indexer.backends.triton import kernels as K  # noqa: E402
+from indexer.topk.triton import ragged as T  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8 = torch.float8_e4m3fn

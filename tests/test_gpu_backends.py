@@ -185,8 +185,8 @@ def test_radix_topk_equals_torch_topk_on_deepgemm_logits():
     ok, why = _have("deepgemm")
     if not ok:
         pytest.skip(why)
-    from indexer.backends.topk_torch import row_topk
-    from indexer.backends.triton._topk import ragged_topk
+    from indexer.topk import row_topk
+    from indexer.topk.triton.ragged import ragged_topk
 
     inp = make_inputs([70000], [4096], heads=64, head_dim=128, device="cuda", seed=4)
     problem, inputs = _problem(inp, 2048)

@@ -147,7 +147,7 @@ def test_torch_path_ranks_nans_highest_and_ties_them_to_the_lowest_columns():
     # NaN == NaN is false, so a plain "x > kth" / "x == kth" tie rule loses NaNs: with the
     # k-th value +inf, the NaNs (ranked above it by torch.topk) must stay in; with the k-th
     # value NaN, the lowest-column NaNs are kept
-    from indexer.backends.topk_torch import row_topk
+    from indexer.topk import row_topk
 
     x = torch.arange(40, dtype=torch.float32).repeat(2, 1)
     x[0, ::4] = float("inf")
@@ -163,7 +163,7 @@ def test_torch_path_ranks_nans_highest_and_ties_them_to_the_lowest_columns():
 def test_torch_top_k_sync_free_way_selects_the_same_sets(seed):
     # ties (few distinct values), NaNs, -0.0 against 0.0, windows anywhere, rows shorter
     # than k; outside the windows anything (the sync-free way never reads it)
-    from indexer.backends.topk_torch import row_topk
+    from indexer.topk import row_topk
 
     gen = torch.Generator().manual_seed(seed)
     rows, n, k = 24, 300, 16

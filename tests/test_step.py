@@ -10,7 +10,7 @@ import torch
 import indexer
 from indexer.backends import get_backend
 from indexer.backends.base import Chunk, _chunk_end, plan_chunks
-from indexer.backends.torch_ref import TorchBackend
+from indexer.backends.torch import TorchBackend
 from indexer.launch import run_ranks
 from indexer.problem import LayerInputs, validate
 from indexer.synthetic import make_inputs
@@ -318,13 +318,13 @@ def test_compressed_layout_gives_the_same_table(monkeypatch, topk_kind):
 
 
 def _prepare_triton(problem, chunks):
-    from indexer.backends.topk_torch import prepare_topk
+    from indexer.topk import prepare_topk
 
     prepare_topk(problem, chunks, "triton")
 
 
 def _bind(chunks):
-    from indexer.backends.topk_torch import bind_topk
+    from indexer.topk import bind_topk
 
     bind_topk(chunks)
 
@@ -471,7 +471,7 @@ def test_gpu_graph_replay_equals_eager(backend):
 def test_gpu_deepgemm_packed_batch_in_compressed_chunks():
     if get_backend("deepgemm").not_supported_reasons(None):
         pytest.skip("deepgemm cannot run here")
-    from indexer.backends import cuda as dg
+    from indexer.backends import deepgemm as dg
 
     if not get_backend("deepgemm").compressed_logits(None):
         pytest.skip("this DeepGEMM has no max_seqlen_k")

@@ -1,4 +1,4 @@
-"""Tests for indexer/backends/triton/_kernels.py (runs in Triton's CPU
+"""Tests for indexer/backends/backends/triton/kernels.py (runs in Triton's CPU
 interpreter when no GPU is present; sizes are kept tiny for that reason)."""
 
 import os
@@ -9,7 +9,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from indexer.backends.triton import _kernels as K  # noqa: E402
+from indexer.backends.triton import kernels as K  # noqa: E402
 
 
 ok, why = K.is_available()

@@ -11,9 +11,9 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from indexer.backends.topk_torch import row_topk  # noqa: E402
-from indexer.backends.triton import _launch as L  # noqa: E402
-from indexer.backends.triton import _topk as T  # noqa: E402
+from indexer.topk import row_topk  # noqa: E402
+from indexer.topk.triton import launch as L  # noqa: E402
+from indexer.topk.triton import ragged as T  # noqa: E402
 
 
 def _triton_spec(arg):
@@ -311,7 +311,9 @@ def test_a_bad_direct_launch_flag_is_refused_before_any_kernel(monkeypatch):
 
 
 def test_the_device_guard_switches_only_to_another_device(monkeypatch):
-    from indexer.backends.triton import _kernels as K
+    import contextlib
+
+    from indexer.topk.triton import device_guard
 
     class _OnCuda:
         is_cuda = True
@@ -323,7 +325,7 @@ def test_the_device_guard_switches_only_to_another_device(monkeypatch):
             return self.index
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
-    assert isinstance(K.device_guard(torch.zeros(1)), type(K.contextlib.nullcontext()))
-    assert isinstance(K.device_guard(_OnCuda(1)), type(K.contextlib.nullcontext()))
-    guard = K.device_guard(_OnCuda(0))
+    assert isinstance(device_guard(torch.zeros(1)), contextlib.nullcontext)
+    assert isinstance(device_guard(_OnCuda(1)), contextlib.nullcontext)
+    guard = device_guard(_OnCuda(0))
     assert isinstance(guard, torch.cuda.device) and guard.idx == 0

@@ -8,8 +8,8 @@ import torch
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
-from indexer.backends.topk_torch import row_topk  # noqa: E402
-from indexer.backends.triton import _topk as T  # noqa: E402
+from indexer.topk import row_topk  # noqa: E402
+from indexer.topk.triton import ragged as T  # noqa: E402
 from indexer.synthetic import LOGIT_DISTRIBUTIONS, logits_like  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -568,7 +568,7 @@ def test_cap_below_topk_is_refused():
 
 def test_topk_choice_default_falls_back_explicit_raises(monkeypatch):
     from indexer import envs
-    from indexer.backends.topk_torch import topk_choice
+    from indexer.topk import topk_choice
 
     cpu = torch.device("cpu")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # Triton cannot run on CPU tensors now

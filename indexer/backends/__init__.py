@@ -6,6 +6,10 @@ methods. Dispatch walks the platform's priority list and takes the first backend
 reports no reason against the problem; when none fits, one error lists every backend with
 its reasons. A backend the user forces (argument or ``INDEXER_BACKEND``) that cannot run
 raises; it never falls back silently.
+
+Each backend lives in a module named as it is registered: ``deepgemm/``, ``aiter/``,
+``triton/`` and ``torch.py`` (no module-level ``import torch`` may appear in this file: the
+submodule ``torch`` would take the name once imported).
 """
 
 from __future__ import annotations
@@ -30,10 +34,10 @@ __all__ = [
 ]
 
 _MODULES: dict[str, str] = {
-    "deepgemm": "indexer.backends.cuda",
-    "aiter": "indexer.backends.rocm",
+    "deepgemm": "indexer.backends.deepgemm",
+    "aiter": "indexer.backends.aiter",
     "triton": "indexer.backends.triton",
-    "torch": "indexer.backends.torch_ref",
+    "torch": "indexer.backends.torch",
 }
 _INSTANCES: dict[str, Backend] = {}
 
@@ -49,9 +53,15 @@ def register_backend(name: str, module: str) -> None:
 
 
 def registry_key() -> tuple:
-    """What the registry maps names to now: changes whenever a backend is registered or an
-    instance replaced (for caches of plans made with these backends)."""
-    return tuple(_MODULES.items()), tuple((name, id(b)) for name, b in _INSTANCES.items())
+    """The registry's names and modules: changes whenever a backend is registered (for
+    caches of plans made with these backends; see also :func:`is_registered_instance`)."""
+    return tuple(_MODULES.items())
+
+
+def is_registered_instance(backend: Backend) -> bool:
+    """Whether ``backend`` is still the object its name gives (an instance replaced since,
+    as tests do, makes plans holding the old one stale)."""
+    return _INSTANCES.get(backend.name) is backend
 
 
 def backend_names() -> tuple[str, ...]:

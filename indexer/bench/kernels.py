@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune-triton", action="store_true",
                    help="time fused Triton configs for this H, D on the largest --context, side by side with "
                         "DeepGEMM, and print the best (configs are a fixed table per (H, D), not a per-process "
-                        "autotune: see triton/_kernels.py)")
+                        "autotune: see backends/triton/kernels.py)")
     p.add_argument("--tune-pairs", default="128,256", help="(row, head) pairs per program to try")
     p.add_argument("--tune-block-n", default="64,128")
     p.add_argument("--tune-warps", default="4,8")
@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def tune_triton(args: argparse.Namespace) -> int:
     """Time each fused Triton config (rows a program, BLOCK_N, warps, stages)
     for this H, D, side by side, against DeepGEMM where it runs."""
-    from ..backends.triton import _kernels as tk
+    from ..backends.triton import kernels as tk
     from ..synthetic import make_inputs
 
     device = torch.device(args.device)

@@ -27,7 +27,7 @@ top-k choice, on the first ``--context``.
 
 ``--fused`` adds logits + top-k of the same late chunk three ways, side by side: DeepGEMM's
 logits then the Triton top-k (where DeepGEMM runs), Triton's logits then the Triton top-k,
-and the two fused (``triton/_fused_topk.py``: the logits never written), with each one's
+and the two fused (``backends/triton/fused_experimental.py``: the logits never written), with each one's
 peak of temporary memory and whether its sets equal the unfused Triton path's.
 """
 
@@ -67,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, help="write the rows as JSON here")
     p.add_argument("--tune", action="store_true",
                    help="first time the Triton kernel's launch configs on the largest --context, print them, and use "
-                        "the fastest for the rest of this run (commit it to TOPK_CONFIGS in triton/_topk.py to keep it)")
+                        "the fastest for the rest of this run (commit it to TOPK_CONFIGS in topk/triton/ragged.py to keep it)")
     p.add_argument("--tune-warps", default="4,8", help="filter kernel warps (filter_block = 128 x warps)")
     p.add_argument("--tune-per-sm", default="4,8")
     p.add_argument("--tune-select-warps", default="4,8")
@@ -120,8 +120,8 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..backends.topk_torch import row_topk
-    from ..backends.triton import _kernels as tk
+    from ..topk import row_topk
+    from ..backends.triton import kernels as tk
 
     device = torch.device(args.device)
     bw = copy_bandwidth(device) if device.type == "cuda" else None
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         out = torch.empty(m, k, dtype=torch.int32, device=device)
         add("torch path", lambda: row_topk(logits, starts, lengths, k, out), out)
         if have_triton:
-            from ..backends.triton._topk import STAT_PLAIN, STAT_SAMPLED, ragged_topk
+            from ..topk.triton.ragged import STAT_PLAIN, STAT_SAMPLED, ragged_topk
 
             stats = torch.zeros(4, dtype=torch.int32, device=device)
             ragged_topk(logits, starts, lengths, k, out, stats=stats)
@@ -252,8 +252,8 @@ def distributions(args: argparse.Namespace, device: torch.device, bw: float | No
 def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float | None, extra: dict | None,
                        name: str, n: int, m: int, out_rows: list[dict]) -> None:
     # one --dist point: its rows appended to out_rows
-    from ..backends.topk_torch import row_topk
-    from ..backends.triton import _topk as T
+    from ..topk import row_topk
+    from ..topk.triton import ragged as T
     from ..synthetic import logits_like
 
     k = args.topk
@@ -328,8 +328,8 @@ def _late_chunk_logits(args: argparse.Namespace, device: torch.device, n: int):
 def _tune(args: argparse.Namespace, device: torch.device) -> dict:
     """Time the Triton top-k's launch configs side by side on the largest context; install
     the fastest in ``TOPK_CONFIGS`` for this process and return it."""
-    from ..backends.topk_torch import row_topk
-    from ..backends.triton import _topk as T
+    from ..topk import row_topk
+    from ..topk.triton import ragged as T
 
     n = args.tune_context or max(int_list(args.context))
     problem, _, logits = _late_chunk_logits(args, device, n)
@@ -422,9 +422,9 @@ def _fused(args: argparse.Namespace, device: torch.device) -> list[dict]:
     and fused, side by side; each with its peak of memory beyond the inputs and output."""
     from ..backends import get_backend
     from ..backends.base import single_chunk
-    from ..backends.triton import _fused_topk as F
-    from ..backends.triton import _kernels as tk
-    from ..backends.triton._topk import ragged_topk
+    from ..backends.triton import fused_experimental as F
+    from ..backends.triton import kernels as tk
+    from ..topk.triton.ragged import ragged_topk
 
     cuda = device.type == "cuda"
     rows = []

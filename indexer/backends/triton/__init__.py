@@ -13,14 +13,14 @@ from ...partition import CostModel
 from ...platform import platform_for_device
 from ...problem import LayerInputs, Problem
 from ..base import Backend, Chunk
-from ..topk_torch import bind_topk, prepare_topk, topk_row_bytes
+from ...topk import bind_topk, prepare_topk, topk_row_bytes
 
 _HEAD_DIMS = (32, 64, 128)
 _AMD_FP8_ARCHS = ("gfx942", "gfx950")
 
 
 def _kmod():
-    from . import _kernels as k  # imports triton lazily, never raises
+    from . import kernels as k  # imports triton lazily, never raises
 
     return k
 

@@ -1,27 +1,27 @@
 """Logits and top-k in one pass over the keys: the ``[M, N]`` logits are never written.
 
-The Triton keys-major logits kernel (:mod:`._kernels`) computes
+The Triton keys-major logits kernel (:mod:`.kernels`) computes
 each logits tile in registers; here its epilogue keeps only the keys at or above a per-row
-threshold, as candidates (value and column) in per-row lists, the layout :mod:`._topk`'s
+threshold, as candidates (value and column) in per-row lists, the layout :mod:`indexer.topk.triton.ragged`'s
 select kernel reads. Three steps:
 
 1. *Sample.* The logits of every ``stride``-th key (``stride`` 32, larger past
-   ``32 * SAMPLE_KEYS`` keys: at most :data:`SAMPLE_KEYS` keys a row): :func:`~._kernels.mqa_logits` on ``k[::stride]``,
+   ``32 * SAMPLE_KEYS`` keys: at most :data:`SAMPLE_KEYS` keys a row): :func:`~.kernels.mqa_logits` on ``k[::stride]``,
    a ``[M, N / stride]`` block. Per row, the threshold is the sampled key that the row's
    k-th key reaches unless the sample is off by ``sigmas`` standard deviations (the filter
-   kernel's rule, :func:`~._topk._sample_threshold`). Rows of at most ``cap`` keys keep
+   kernel's rule, :func:`indexer.topk.triton.ragged._sample_threshold`). Rows of at most ``cap`` keys keep
    every key (threshold ``-inf``).
 2. *Logits and filter* (:func:`_logits_filter_kernel`): one program a block of rows walks
    its rows' key tiles once; every key ``>= threshold`` goes to one of its row's lists, one
    list per position in the key tile (``cap / BLOCK_N`` slots each), the lists' lengths
    after them (counting on past their slots).
-3. *Select*: :mod:`._topk`'s select kernel on the lists (a first launch with ``tile``
+3. *Select*: :mod:`indexer.topk.triton.ragged`'s select kernel on the lists (a first launch with ``tile``
    slots, ``cap`` by default; else a second with ``cap`` for rows whose lists are longer).
 
 Exact: the candidates include every key at or above the k-th, ties included, and their
-values come from the tile function of :func:`~._kernels.mqa_logits`'s kernel
-(:func:`~._kernels._keys_major_tile`, same launch config), so the set is the one
-:func:`~._topk.ragged_topk` (or torch.topk) selects from that kernel's block (equal in every
+values come from the tile function of :func:`~.kernels.mqa_logits`'s kernel
+(:func:`~.kernels._keys_major_tile`, same launch config), so the set is the one
+:func:`indexer.topk.triton.ragged.ragged_topk` (or torch.topk) selects from that kernel's block (equal in every
 test, on the CPU interpreter and an H200; the two kernels are compiled separately, so equal
 bits rest on the shared function, not on a proof). A row whose lists came out short of
 ``k`` keys (an unlucky sample) or one of them past its slots is recomputed the unfused way
@@ -38,8 +38,8 @@ from __future__ import annotations
 import torch
 
 from ...problem import validate
-from . import _kernels as K
-from . import _topk as T
+from . import kernels as K
+from ...topk.triton import ragged as T
 
 triton, tl = K.triton, K.tl
 
@@ -94,9 +94,9 @@ if triton is not None:
         CAP: tl.constexpr,
         PTX: tl.constexpr,
     ):
-        """The logits of ``BLOCK_Q`` rows, tile by tile as :func:`~._kernels.
+        """The logits of ``BLOCK_Q`` rows, tile by tile as :func:`~.kernels.
         _mqa_logits_fused_kernel` computes them; each row's keys ``>= thr[row]`` (a key of
-        :func:`~._topk._skey`) to its ``BLOCK_N`` lists of ``CAP // BLOCK_N`` slots,
+        :func:`indexer.topk.triton.ragged._skey`) to its ``BLOCK_N`` lists of ``CAP // BLOCK_N`` slots,
         ``cand32[row]`` (two int32 a slot: the value's bits, then the column from the row's
         start): key ``n`` to list ``n % BLOCK_N``; ``cnt[row, i]`` list ``i``'s length (past
         its slots: it overflowed). One list per position in the key tile, so that every
@@ -172,7 +172,7 @@ def logits_topk(
         topk: Keys kept per row.
         out: int32 ``[M, topk]``, column stride 1 (rows may be padded); gets indices
             relative to each row's start, unordered, ``-1`` padded (as
-            :func:`~._topk.ragged_topk` writes them). The other inputs are checked as
+            :func:`indexer.topk.triton.ragged.ragged_topk` writes them). The other inputs are checked as
             :func:`indexer.prefill_topk` checks them.
         cap: Candidate slots a row (default ``max(8192, 4 * topk)``, a power of two); also
             bounds the recomputed rows' logits, taken a piece of ``8 * cap * M`` bytes at a
@@ -182,7 +182,7 @@ def logits_topk(
             a list longer than ``tile`` over the lists go to a second launch.
         select_warps: Warps of the first select launch.
         sigmas: Depth of the sampled threshold, in standard deviations.
-        stats: Optional contiguous int32 ``[4]``, :func:`~._topk.ragged_topk`'s road
+        stats: Optional contiguous int32 ``[4]``, :func:`indexer.topk.triton.ragged.ragged_topk`'s road
             counters: ``STAT_SAMPLED`` counts the rows selected from their lists (those that
             kept every key too); a recomputed row counts on the road the unfused top-k took.
 

@@ -27,7 +27,7 @@ from ...partition import CostModel
 from ...platform import current_platform, platform_for_device
 from ...problem import LayerInputs, Problem
 from ..base import Backend, Chunk
-from ..topk_torch import bind_topk, prepare_topk, topk_row_bytes
+from ...topk import bind_topk, prepare_topk, topk_row_bytes
 
 LOGITS_MODULES = ("aiter.ops.triton.attention.fp8_mqa_logits", "aiter.ops.triton.fp8_mqa_logits")
 TOPK_MODULE = "aiter.ops.topk"

@@ -23,7 +23,7 @@ from ...partition import CostModel
 from ...platform import current_platform, platform_for_device
 from ...problem import LayerInputs, Problem
 from ..base import Backend, Chunk
-from ..topk_torch import bind_topk, prepare_topk, topk_row_bytes
+from ...topk import bind_topk, prepare_topk, topk_row_bytes
 
 _ARCH_HEADS = {"sm90": (32, 64), "sm100": (8, 16, 32, 64), "sm103": (8, 16, 32, 64)}
 

@@ -14,7 +14,7 @@ import torch
 from ..partition import CostModel
 from ..problem import LayerInputs, Problem
 from .base import Backend, Chunk
-from .topk_torch import prepare_topk
+from ..topk import prepare_topk
 
 _F32_MAX = torch.finfo(torch.float32).max
 _COL_BLOCK = 1024

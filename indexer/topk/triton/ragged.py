@@ -48,7 +48,7 @@ k-th key and the plain road to the second launch; on an H200 it measured slower.
 Rows the sampled road cannot serve (still too few candidates after the retry, or more than
 the lists hold: a sample that misses a stretch of large keys) take the plain road: a radix
 select over the whole row by one program, ``radix_bits`` a pass, and an ordered write. Every
-road is exact. Triton is imported lazily; :func:`~._kernels.is_available` reports whether
+road is exact. Triton is imported lazily; :func:`~.launch.is_available` reports whether
 it is there.
 """
 
@@ -60,13 +60,13 @@ import numbers
 import torch
 
 from ... import envs as _envs
-from ._kernels import device_guard
-from ._launch import At, Launcher, LaunchKw
+from .launch import device_guard
+from .launch import At, Launcher, LaunchKw
 
 try:
     import triton
     import triton.language as tl
-except Exception:  # noqa: BLE001 - reported by _kernels.is_available
+except Exception:  # noqa: BLE001 - reported by launch.is_available
     triton = None
     tl = None
 
@@ -1426,7 +1426,7 @@ def ragged_topk(
             each row to one counter (``STAT_SHORT``, ``STAT_SAMPLED``, ``STAT_PLAIN``,
             ``STAT_DIRECT``) and, with a fifth entry, each retried row to ``STAT_RETRIED``.
         direct_launch: On NVIDIA, launch a kernel's compiled variant directly once Triton's
-            JIT has chosen it for the arguments' specialization (:mod:`._launch`: less host
+            JIT has chosen it for the arguments' specialization (:mod:`.launch`: less host
             time a call). ``None``: ``INDEXER_TRITON_DIRECT_LAUNCH`` (on by default).
         slices: Programs filtering each row (a power of two up to :data:`MAX_SLICES`), for
             few long rows: each program a slice of whole blocks, all appending to the row's

@@ -20,9 +20,6 @@ loops over the heads doing ``tl.dot(q[:, h, :], k_tile^T)``.
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -30,12 +27,11 @@ import torch
 try:  # lazy / optional import
     import triton
     import triton.language as tl
-
-    _TRITON_IMPORT_ERROR: Optional[str] = None
-except Exception as exc:  # pragma: no cover - depends on environment
+except Exception:  # noqa: BLE001 - reported by is_available
     triton = None
     tl = None
-    _TRITON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+
+from ...topk.triton.launch import device_guard, is_available, launch_reasons  # noqa: F401 - used here and re-exported
 
 __all__ = ["LogitsLaunch", "is_available", "mqa_logits"]
 
@@ -44,23 +40,6 @@ _FP8_DTYPES = tuple(
     for name in ("float8_e4m3fn", "float8_e4m3fnuz")
     if hasattr(torch, name)
 )
-
-
-def is_available() -> Tuple[bool, str]:
-    """Return ``(ok, reason)`` telling whether Triton can be imported."""
-    if triton is None:
-        return False, f"triton not importable ({_TRITON_IMPORT_ERROR})"
-    return True, f"triton {getattr(triton, '__version__', '?')}"
-
-
-def launch_reasons(device: Optional[torch.device]) -> list:
-    """Why Triton kernels cannot launch on ``device`` (empty: they can): Triton missing, or
-    CPU tensors without Triton's interpreter. ``None`` checks the package only."""
-    ok, why = is_available()
-    reasons = [] if ok else [why]
-    if device is not None and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        reasons.append("CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before importing triton)")
-    return reasons
 
 
 if triton is not None:
@@ -232,7 +211,7 @@ if triton is not None:
                          mask=rmask[None, :] & (cols < N)[:, None])
 
 
-    from ._launch import Launcher as _Launcher
+    from ...topk.triton.launch import Launcher as _Launcher
 
     _FUSED = _Launcher(_mqa_logits_fused_kernel)
 
@@ -270,19 +249,6 @@ def fused_config(heads: int, head_dim: int) -> FusedConfig:
 
 
 _FUSED_ROWS = 128  # default BLOCK_Q * H: (row, head) pairs in one MMA operand
-
-
-_NO_SWITCH = contextlib.nullcontext()
-
-
-def device_guard(t: torch.Tensor):
-    """Launch context for a kernel on ``t``'s device (Triton launches on the current one):
-    a switch there and back only where another device is current (4 us of host time on an
-    H200's host, for what is almost always no switch)."""
-    if not t.is_cuda:
-        return _NO_SWITCH
-    index = t.get_device()
-    return _NO_SWITCH if torch.cuda.current_device() == index else torch.cuda.device(index)
 
 
 def fused_supported(heads: int) -> bool:
@@ -399,7 +365,7 @@ def mqa_logits(q: torch.Tensor,
 
 class LogitsLaunch:
     """:func:`mqa_logits` into one fixed ``out`` block, prepared once (a step plan's chunk):
-    the fused kernel's launch bound (:meth:`~._launch.Launcher.bind`) with everything but the
+    the fused kernel's launch bound (:meth:`indexer.topk.triton.launch.Launcher.bind`) with everything but the
     four input tensors, which a call gives. Inputs not laid out as bound (another row stride,
     non-contiguous heads) and head counts the fused kernel does not run take
     :func:`mqa_logits` itself.
@@ -420,7 +386,7 @@ class LogitsLaunch:
         ok, _ = is_available()
         if (ok and fused_supported(heads) and rows and keys and out.stride(1) == 1 and row_starts.dtype == torch.int32
                 and row_ends.dtype == torch.int32 and row_starts.is_contiguous() and row_ends.is_contiguous()):
-            from ._launch import LaunchKw
+            from ...topk.triton.launch import LaunchKw
 
             cfg = fused_config(heads, head_dim)
             self.grid = triton.cdiv(rows, cfg.block_q)

@@ -26,10 +26,52 @@ the launch. The callers check that every tensor is on the launch's device first.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
+import os
 
 import torch
+
+try:  # lazy / optional import
+    import triton
+
+    _TRITON_IMPORT_ERROR: str | None = None
+except Exception as exc:  # pragma: no cover - depends on environment
+    triton = None
+    _TRITON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+
+
+def is_available() -> tuple[bool, str]:
+    """Return ``(ok, reason)`` telling whether Triton can be imported."""
+    if triton is None:
+        return False, f"triton not importable ({_TRITON_IMPORT_ERROR})"
+    return True, f"triton {getattr(triton, '__version__', '?')}"
+
+
+def launch_reasons(device: torch.device | None) -> list:
+    """Why Triton kernels cannot launch on ``device`` (empty: they can): Triton missing, or
+    CPU tensors without Triton's interpreter. ``None`` checks the package only."""
+    ok, why = is_available()
+    reasons = [] if ok else [why]
+    if device is not None and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        reasons.append("CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before importing triton)")
+    return reasons
+
+
+_NO_SWITCH = contextlib.nullcontext()
+
+
+def device_guard(t: torch.Tensor):
+    """Launch context for a kernel on ``t``'s device (Triton launches on the current one):
+    a switch there and back only where another device is current (4 us of host time on an
+    H200's host, for what is almost always no switch)."""
+    if not t.is_cuda:
+        return _NO_SWITCH
+    index = t.get_device()
+    return _NO_SWITCH if torch.cuda.current_device() == index else torch.cuda.device(index)
+
+
 
 _INT32 = 1 << 31
 _INT64 = 1 << 63
@@ -195,7 +237,7 @@ class Launcher:
             args: The runtime arguments, in parameter order: tensors, :class:`At` and ints.
             kw: The constexprs (every one) and launch options (``num_warps``, ``maxnreg``...).
             device_index: The CUDA device the launch runs on: the current one (the callers
-                launch inside :func:`~._kernels.device_guard`).
+                launch inside :func:`device_guard`).
             direct: Whether a compiled kernel may be launched directly (else always the JIT).
         """
         state = _jit_state(self.fn) if direct and not self._broken else None

@@ -1,0 +1,90 @@
+"""Which top-k a chunk runs, prepared at plan time: the Triton kernel or the torch reference.
+
+``INDEXER_TOPK`` picks it (per platform: ``triton`` where Triton can launch on NVIDIA,
+``torch`` elsewhere); :func:`prepare_topk` makes each chunk's callable once, and
+:func:`bind_topk` gives the Triton ones their scratch in the plan's workspace.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..problem import Problem
+from .reference import row_topk
+
+
+def topk_choice(device: torch.device) -> str:
+    """The top-k that the GPU backends run on ``device``: ``INDEXER_TOPK``'s value.
+
+    Where the value is only the platform's default (``triton`` on NVIDIA) and Triton cannot
+    run, it is ``torch``; a ``triton`` that was asked for explicitly and cannot run raises.
+
+    Raises:
+        ValueError: ``INDEXER_TOPK`` (or its platform variant) says ``triton`` and Triton
+            cannot run on ``device``.
+    """
+    from .. import envs
+    from ..platform import platform_key
+    from .triton import launch as tk  # imports triton lazily, never raises
+
+    res = envs.resolve("TOPK", platform_key(device))
+    if res.value != "triton":
+        return res.value
+    reasons = tk.launch_reasons(device)
+    if not reasons:
+        return "triton"
+    if res.source.startswith("default"):
+        return "torch"
+    raise ValueError(f"{res.source} asks for the Triton top-k, but {'; '.join(reasons)}; set it to 'torch' or install triton")
+
+
+def topk_row_bytes(problem: Problem) -> int:
+    """Bytes per row of the chosen top-k's temporaries, for chunk budgets: torch.topk's k+1
+    values and indices, or the Triton kernel's candidate lists."""
+    if topk_choice(problem.device) == "triton":
+        from .triton.ragged import scratch_bytes_per_row
+
+        return scratch_bytes_per_row(problem.topk)
+    return 12 * (problem.topk + 1)
+
+
+def prepare_topk(problem: Problem, chunks: Sequence, choice: str | None = None) -> None:
+    """Plan time: each chunk's top-k (``chunk.state["topk"]``, called as ``(logits, out)``),
+    torch.topk or the Triton kernel as :func:`topk_choice` says (``choice`` overrides).
+    Triton's chunks ask for their scratch (``state["scratch_numel"]``), bound by
+    :func:`bind_topk` once the plan's workspace holds it."""
+    choice = topk_choice(problem.device) if choice is None else choice
+    for c in chunks:
+        if c.empty:
+            continue
+        if choice == "triton":
+            from .triton.ragged import RaggedTopk
+
+            run = RaggedTopk(problem.device, c.num_rows, c.width, c.block_starts, c.lengths, problem.topk)
+            c.state["scratch_numel"] = run.scratch_numel
+        else:
+            run = _TorchTopk(c, problem.topk)
+        c.state["topk"] = run
+
+
+def bind_topk(chunks: Sequence) -> None:
+    """Give each Triton top-k its scratch in the plan's workspace."""
+    for c in chunks:
+        run = c.state.get("topk")
+        if run is not None and hasattr(run, "bind"):
+            run.bind(c.state["scratch"])
+
+
+class _TorchTopk:
+    def __init__(self, chunk, topk: int):
+        self.chunk, self.topk = chunk, topk
+
+    def __call__(self, logits: torch.Tensor, out: torch.Tensor) -> None:
+        c = self.chunk
+        # a compressed block has no -inf around the windows: the way that never reads there.
+        # Off the CPU the host's lengths are not used: a CUDA graph would freeze the choice
+        # they make (no row long enough to select) past a later update_bounds
+        host = c.lengths_host if logits.device.type == "cpu" else None
+        row_topk(logits, c.block_starts, c.lengths, self.topk, out, host, sync_free=c.compressed or None)
