@@ -84,57 +84,58 @@ _SAMPLE_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, thr_pt
 
 
 def _topk_plan(config: dict, n: int, presample=None, fused=None, slices: int = 1):
-    from indexer.topk.triton import ragged as T
+    from indexer.topk.triton import config as TC
 
     # ragged_topk's launches for `config`, topk=2048 over n-key rows (a CPU device stands for
     # the GPU in the plan)
     cfg = tuple((key, type(value), value) for key, value in config.items())
-    return T._plan(torch.device("cpu"), cfg, 2048, n, None, None, None, None, None, None, None, fused, None, None,
-                   None, None, None, presample, None, T.RADIX_BITS, None, T.PIECE, T.SPARSE, T.SIGMAS, None, 8,
-                   T.SAMPLE_SLACK, True, slices)
+    return TC._plan(torch.device("cpu"), cfg, 2048, n, None, None, None, None, None, None, None, fused, None, None,
+                   None, None, None, presample, None, TC.RADIX_BITS, None, TC.PIECE, TC.SPARSE, TC.SIGMAS, None, 8,
+                   TC.SAMPLE_SLACK, True, slices)
 
 
 def _amd_plan(presample: bool, fused: bool, slices: int = 1):
-    from indexer.topk.triton import ragged as T
+    from indexer.topk.triton import config as TC
 
     # off NVIDIA (both AMD and the CPU take the default config, no ballot, no register caps),
     # 64K-key rows
-    return _topk_plan(T.DEFAULT_CONFIG, 65536, presample, fused, slices)
+    return _topk_plan(TC.DEFAULT_CONFIG, 65536, presample, fused, slices)
 
 
 def _topk_kernels(arch: str, presample: bool, fused: bool, slices: int) -> None:
-    from indexer.topk.triton import ragged as T
+    from indexer.topk.triton import kernels as TK
 
     _, _, _, sample_kw, filter_kw, retry_kw, selects = _amd_plan(presample, fused, slices)
     assert filter_kw["SL"] == slices
     assert not filter_kw["BALLOT"] and not filter_kw["WB"] and "maxnreg" not in filter_kw
-    _compile(T._filter_kernel, _FILTER_SIG, filter_kw, arch)
+    _compile(TK._filter_kernel, _FILTER_SIG, filter_kw, arch)
     if retry_kw is not None:
-        _compile(T._filter_kernel, _FILTER_SIG, retry_kw, arch)
+        _compile(TK._filter_kernel, _FILTER_SIG, retry_kw, arch)
     for _, kw in selects:
         assert not kw["WB"]
-        _compile(T._select_kernel, _SELECT_SIG, kw, arch)
+        _compile(TK._select_kernel, _SELECT_SIG, kw, arch)
     if presample:
-        _compile(T._sample_kernel, _SAMPLE_SIG, sample_kw, arch)
+        _compile(TK._sample_kernel, _SAMPLE_SIG, sample_kw, arch)
 
 
 def _nvidia_topk_kernels(slices: int) -> None:
-    from indexer.topk.triton import ragged as T
+    from indexer.topk.triton import config as TC
+    from indexer.topk.triton import kernels as TK
 
     # ragged_topk's launches with the sm90 config (a CPU device stands for the GPU in the
     # plan, told it is NVIDIA's: ballots, PTX steps and register caps), 1M-key rows
-    T._nvidia = lambda device: True
+    TC._nvidia = lambda device: True
     _, _, _, sample_kw, filter_kw, retry_kw, selects = _topk_plan(
-        dict(T.DEFAULT_CONFIG, **T.TOPK_CONFIGS["sm90"]), 1 << 20, slices=slices)
+        dict(TC.DEFAULT_CONFIG, **TC.TOPK_CONFIGS["sm90"]), 1 << 20, slices=slices)
     assert filter_kw["BALLOT"] and filter_kw["SL"] == slices
     # the filter's PTX step: warp lists (slices=1) or the row's shared list and its atomic counter
     ptx = ("vote.sync.ballot", "st.global.v2.b32") + (("atom.global.add.u32",) if slices > 1 else ())
-    _nvidia_compile(T._filter_kernel, _FILTER_SIG, filter_kw, ptx)
+    _nvidia_compile(TK._filter_kernel, _FILTER_SIG, filter_kw, ptx)
     if retry_kw is not None:
-        _nvidia_compile(T._filter_kernel, _FILTER_SIG, retry_kw, ())
-    _nvidia_compile(T._sample_kernel, _SAMPLE_SIG, sample_kw, ())
+        _nvidia_compile(TK._filter_kernel, _FILTER_SIG, retry_kw, ())
+    _nvidia_compile(TK._sample_kernel, _SAMPLE_SIG, sample_kw, ())
     for _, kw in selects:
-        _nvidia_compile(T._select_kernel, _SELECT_SIG, kw, ("vote.sync.ballot",) if kw["WB"] else ())
+        _nvidia_compile(TK._select_kernel, _SELECT_SIG, kw, ("vote.sync.ballot",) if kw["WB"] else ())
 
 
 def _logits_kernels(arch: str) -> None:
@@ -142,7 +143,7 @@ def _logits_kernels(arch: str) -> None:
     # logits + top-k filter (its stores are tl.store off NVIDIA)
     from indexer.backends.triton import fused_experimental as F
     from indexer.backends.triton import kernels as K
-    from indexer.topk.triton import ragged as T
+    from indexer.topk.triton import config as TC
 
     fp8 = "*" + FP8[arch]
     h, d = 64, 128
@@ -161,7 +162,7 @@ def _logits_kernels(arch: str) -> None:
                  arch)
     _compile(F._logits_filter_kernel, dict(common, thr_ptr=_P32, cand32_ptr=_P32, cnt_ptr=_P32, M=_I, N=_I,
                                            stride_qm=_I, stride_kn=_I, stride_wm=_I),
-             dict(tiles, CAP=T.default_cap(2048), PTX=False), arch)
+             dict(tiles, CAP=TC.default_cap(2048), PTX=False), arch)
 
 
 def _run_child(*args: str) -> None:
@@ -188,7 +189,7 @@ def test_logits_kernels_compile_for_amd(arch):
 @nvidia
 @pytest.mark.parametrize("slices", [1, 4])
 def test_topk_kernels_compile_for_hopper(slices):
-    # slices=4: long rows split across programs, appending to one list a row
+    # slices=4: long rows split across programs, appending to one list per row
     _run_child("nvidia-topk", str(slices))
 
 

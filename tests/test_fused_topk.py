@@ -12,6 +12,7 @@ from indexer.topk import row_topk  # noqa: E402
 from indexer.backends.triton import fused_experimental as F  # noqa: E402
 from indexer.backends.triton import kernels as K  # noqa: E402
 from indexer.topk.triton import ragged as T  # noqa: E402
+from indexer.topk.triton import config as TC  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8 = torch.float8_e4m3fn
@@ -72,7 +73,7 @@ def test_fused_selects_the_unfused_set(tile):
     got, redo, stats = _fused(inputs, 16, cap=512, tile=tile)
     assert torch.equal(got, _unfused(*inputs, 16))
     assert redo == 0
-    assert stats[T.STAT_SHORT] == 3 and stats[T.STAT_SAMPLED] == len(LENGTHS) - 3, stats
+    assert stats[TC.STAT_SHORT] == 3 and stats[TC.STAT_SAMPLED] == len(LENGTHS) - 3, stats
 
 
 def test_ties_at_the_kth_key_go_to_the_lowest_columns():
@@ -107,7 +108,7 @@ def test_overflowing_lists_are_recomputed_unfused():
 def test_one_overflowing_list_is_recomputed_though_the_row_fits_cap():
     # keys n % 16 == 5 (all in list 5 of the 16, never in the every-32nd-key sample) score
     # far above the rest: list 5 overflows its 16 slots while the row's total fits cap=256.
-    # Sent to the select, such a row would take the plain road, which reads the logits the
+    # Sent to the select, such a row would take the fallback path, which reads the logits the
     # fused path does not have
     g = torch.Generator().manual_seed(1)
     m, n, topk = 4, 1020, 16
@@ -120,8 +121,8 @@ def test_one_overflowing_list_is_recomputed_though_the_row_fits_cap():
     got, redo, stats = _fused(inputs, topk, cap=256)
     assert torch.equal(got, _unfused(*inputs, topk))
     assert redo == 4
-    # recomputed rows count on the unfused top-k's roads, not as short
-    assert stats[T.STAT_SHORT] == 0 and sum(stats) == 4, stats
+    # recomputed rows count on the unfused top-k's paths, not as short
+    assert stats[TC.STAT_SHORT] == 0 and sum(stats) == 4, stats
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="GPU sizes")

@@ -1,5 +1,5 @@
 """Direct launches of compiled Triton kernels (``indexer.backends.triton._launch``): the key
-against Triton's own specialization, the launcher's roads, and on an NVIDIA GPU the top-k
+against Triton's own specialization, the launcher's paths, and on an NVIDIA GPU the top-k
 through them."""
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ tl = pytest.importorskip("triton.language")
 
 from indexer.topk import row_topk  # noqa: E402
 from indexer.topk.triton import ragged as T  # noqa: E402
+from indexer.topk.triton import config as TC  # noqa: E402
+from indexer.topk.triton import kernels as TK  # noqa: E402
 from indexer.synthetic import LOGIT_DISTRIBUTIONS, logits_like  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -53,9 +55,9 @@ def test_radix_topk_selects_the_torch_set(rows, n, topk, quantize, block):
     assert (got[0] == -1).all()
 
 
-# The sampled road at toy sizes: runs of at most 8 keys, one key in 4 sampled; rows longer
+# The sampled path at toy sizes: runs of at most 8 keys, one key in 4 sampled; rows longer
 # than the select tile (2 * topk by default) take it.
-SMALL_ROAD = dict(piece=8, sparse=4)
+SMALL_SAMPLE = dict(piece=8, sparse=4)
 
 
 def _check(logits, masked, starts, lengths, topk, **kw):
@@ -72,19 +74,19 @@ def _check(logits, masked, starts, lengths, topk, **kw):
     assert torch.equal(got.sort(1).values, want.sort(1).values)
     stats = stats.cpu().tolist()
     assert sum(stats) == rows
-    assert stats[T.STAT_SHORT] == int((lengths <= topk).sum())
+    assert stats[TC.STAT_SHORT] == int((lengths <= topk).sum())
     return stats
 
 
 @pytest.mark.parametrize("quantize,radix_bits", [(None, 4), (4.0, 4), (None, 8), (4.0, 2), (None, 1)])
-def test_sampled_road_selects_the_torch_set(quantize, radix_bits):
+def test_sampled_path_selects_the_torch_set(quantize, radix_bits):
     logits, masked, starts, lengths = _case(12, 900, 24, seed=5, quantize=quantize, pad=3, min_length=400)
-    stats = _check(logits, masked, starts, lengths, 24, cap=256, radix_bits=radix_bits, **SMALL_ROAD)
-    assert stats[T.STAT_SAMPLED] >= 8, stats  # the road was really taken
+    stats = _check(logits, masked, starts, lengths, 24, cap=256, radix_bits=radix_bits, **SMALL_SAMPLE)
+    assert stats[TC.STAT_SAMPLED] >= 8, stats  # the path was really taken
 
 
-@pytest.mark.parametrize("road", ["plain", "sampled", "direct"])
-def test_special_values_order_like_floats(road):
+@pytest.mark.parametrize("path", ["plain", "sampled", "direct"])
+def test_special_values_order_like_floats(path):
     # signed zeros tie, infinities, the extremes of float32, subnormals, both signs
     tiny = torch.finfo(torch.float32).tiny
     big = torch.finfo(torch.float32).max
@@ -96,9 +98,9 @@ def test_special_values_order_like_floats(road):
     col = torch.arange(640)
     inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
     masked = torch.where(inside, vals, float("-inf"))
-    kw = dict(sampled=dict(SMALL_ROAD, tile=64), plain=dict(tile=64, sample_min=1 << 30), direct=dict(tile=1024))[road]
+    kw = dict(sampled=dict(SMALL_SAMPLE, tile=64), plain=dict(tile=64, sample_min=1 << 30), direct=dict(tile=1024))[path]
     stats = _check(vals.to(DEVICE), masked, starts, lengths, 40, cap=1024, **kw)
-    counter = dict(sampled=T.STAT_SAMPLED, plain=T.STAT_PLAIN, direct=T.STAT_DIRECT)[road]
+    counter = dict(sampled=TC.STAT_SAMPLED, plain=TC.STAT_PLAIN, direct=TC.STAT_DIRECT)[path]
     assert stats[counter] == 4, stats
 
 
@@ -117,7 +119,7 @@ def test_bad_radix_bits_is_refused():
 
 def _unlucky_rows():
     # 3 rows of 512 keys whose every large value sits in a run the sample reads (pieces=16
-    # with SMALL_ROAD): the sample's r-th largest is one of them and exactly r keys of the row
+    # with SMALL_SAMPLE): the sample's r-th largest is one of them and exactly r keys of the row
     # reach it. Returns logits, starts, lengths
     n = 512
     col = torch.arange(n)
@@ -126,22 +128,22 @@ def _unlucky_rows():
     return vals, torch.zeros(3, dtype=torch.int64), torch.full((3,), n, dtype=torch.int64)
 
 
-@pytest.mark.parametrize("topk,road", [(16, T.STAT_SAMPLED), (100, T.STAT_PLAIN)])
-def test_unlucky_sample_retries_then_falls_back_to_the_plain_select(topk, road):
+@pytest.mark.parametrize("topk,path", [(16, TC.STAT_SAMPLED), (100, TC.STAT_PLAIN)])
+def test_unlucky_sample_retries_then_falls_back_to_the_plain_select(topk, path):
     # r keys reach the sample's threshold, fewer than k. The filter retries with the
-    # sample's 2r-th largest: enough for k=16 (the sampled road serves the row), still too
+    # sample's 2r-th largest: enough for k=16 (the sampled path serves the row), still too
     # few for k=100 (the plain select must), the scratch being large enough for both
     vals, starts, lengths = _unlucky_rows()
-    stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=4096, pieces=16, **SMALL_ROAD)
-    assert stats[road] == 3, stats
+    stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=4096, pieces=16, **SMALL_SAMPLE)
+    assert stats[path] == 3, stats
 
 
-def test_recent_keys_scoring_high_keep_the_sampled_road():
+def test_recent_keys_scoring_high_keep_the_sampled_path():
     # causal rows whose last 32 keys all score high (a local-attention pattern), at lengths
     # just past a multiple of the sample stride (128 here). Pieces laid at fixed multiples of
     # the stride sampled that tail densely, the threshold landed inside the high stretch,
     # fewer than k keys passed it and the 1310-key row fell back to the plain select; pieces
-    # spread evenly over the row keep every row on the sampled road
+    # spread evenly over the row keep every row on the sampled path
     topk = 16
     lengths = torch.tensor([1310, 1300, 1290, 1410])
     n = int(lengths.max())
@@ -153,7 +155,7 @@ def test_recent_keys_scoring_high_keep_the_sampled_road():
     starts = torch.zeros(len(lengths), dtype=torch.int64)
     masked = torch.where(col[None] < lengths[:, None], vals, float("-inf"))
     stats = _check(vals.to(DEVICE), masked, starts, lengths, topk, cap=1024, piece=32, sparse=4)
-    assert stats[T.STAT_SAMPLED] == len(lengths), stats
+    assert stats[TC.STAT_SAMPLED] == len(lengths), stats
 
 
 def test_nans_rank_above_everything_like_torch_topk():
@@ -191,7 +193,7 @@ def test_bad_launch_options_are_refused(kw, match):
 
 
 def _unseen(n, lo, count):
-    # `count` columns from `lo` on that SMALL_ROAD's sample never reads (its runs: keys 0-7
+    # `count` columns from `lo` on that SMALL_SAMPLE's sample never reads (its runs: keys 0-7
     # of every 32, for rows of 32 * 64 keys or fewer)
     col = torch.arange(n)
     return col[(col >= lo) & (col % 32 >= 8)][:count]
@@ -208,12 +210,12 @@ def test_candidate_overflow_falls_back_to_the_plain_select(slices):
     vals[:, _unseen(n, 100, 100)] = 5.0 + torch.rand(100, generator=g)
     starts = torch.zeros(2, dtype=torch.int64)
     lengths = torch.full((2,), n, dtype=torch.int64)
-    stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=64, slices=slices, **SMALL_ROAD)
-    assert stats[T.STAT_PLAIN] == 2, stats
+    stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=64, slices=slices, **SMALL_SAMPLE)
+    assert stats[TC.STAT_PLAIN] == 2, stats
 
 
 @pytest.mark.parametrize("slices", [1, 4])
-def test_a_tie_larger_than_the_scratch_keeps_the_sampled_road(slices):
+def test_a_tie_larger_than_the_scratch_keeps_the_sampled_path(slices):
     # a tie at the threshold with ten times the scratch's keys (zeros, and 5 larger keys):
     # the threshold's column cut lets about as many of the tied keys through as distinct
     # values would, the lowest columns among them, and the select takes the lowest
@@ -225,15 +227,15 @@ def test_a_tie_larger_than_the_scratch_keeps_the_sampled_road(slices):
     lengths = torch.full((2,), n, dtype=torch.int64)
     # (blocks of 128 keys, 32 a warp: the tied keys that pass span several warps' columns)
     stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=256, filter_block=128, slices=slices,
-                   **SMALL_ROAD)
-    assert stats[T.STAT_SAMPLED] == 2, stats
+                   **SMALL_SAMPLE)
+    assert stats[TC.STAT_SAMPLED] == 2, stats
 
 
 # sample and scratch sized for rows of 20K keys (runs of 8 keys every 32, at most 128 of
 # them; 2048 candidate slots for topk=200): k spans a few filter blocks, as 2048 does at the
 # default 512-key block (a tie cut by column passes the lowest columns, whose blocks are
 # shared among the warps' lists)
-DIST_ROAD = dict(piece=8, sparse=4, pieces=128, sample_max=1024, cap=2048)
+DIST_SAMPLE = dict(piece=8, sparse=4, pieces=128, sample_max=1024, cap=2048)
 
 
 @pytest.mark.parametrize("dist", LOGIT_DISTRIBUTIONS)
@@ -241,7 +243,7 @@ DIST_ROAD = dict(piece=8, sparse=4, pieces=128, sample_max=1024, cap=2048)
 def test_every_distribution_selects_the_torch_set_in_one_filtering_pass(dist, kw):
     # ties (all equal, few distinct values, flat with outliers, ReLU zeros), ramps both ways,
     # a raised recent stretch, a sink at key 0: every row selects the torch set (lowest-index
-    # ties) on the sampled road, whole rows and rows split across programs
+    # ties) on the sampled path, whole rows and rows split across programs
     rows, n, topk = 4, 20000, 200
     logits = logits_like(dist, rows, n, seed=7)
     starts = torch.tensor([0, 1, 350, 1000])
@@ -249,19 +251,19 @@ def test_every_distribution_selects_the_torch_set_in_one_filtering_pass(dist, kw
     col = torch.arange(n)
     inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
     masked = torch.where(inside, logits, float("-inf"))
-    stats = _check(logits.to(DEVICE), masked, starts, lengths, topk, **dict(DIST_ROAD, **kw))
-    assert stats[T.STAT_SAMPLED] == rows, stats
+    stats = _check(logits.to(DEVICE), masked, starts, lengths, topk, **dict(DIST_SAMPLE, **kw))
+    assert stats[TC.STAT_SAMPLED] == rows, stats
 
 
 @pytest.mark.parametrize("dist", ["equal", "descending", "outliers"])
-def test_ties_and_ramps_keep_the_sampled_road_at_the_default_sample(dist):
+def test_ties_and_ramps_keep_the_sampled_path_at_the_default_sample(dist):
     # the default sample (runs of 16 keys every 512) and scratch on rows of 40K keys
     rows, n, topk = 2, 40000, 64
     logits = logits_like(dist, rows, n, seed=3)
     starts = torch.zeros(rows, dtype=torch.int64)
     lengths = torch.full((rows,), n, dtype=torch.int64)
     stats = _check(logits.to(DEVICE), logits, starts, lengths, topk, slices=1)
-    assert stats[T.STAT_SAMPLED] == rows, stats
+    assert stats[TC.STAT_SAMPLED] == rows, stats
 
 
 @pytest.mark.parametrize("slices", [2, 4, 8])
@@ -269,24 +271,24 @@ def test_ties_and_ramps_keep_the_sampled_road_at_the_default_sample(dist):
 def test_split_rows_select_the_torch_set(slices, quantize):
     # ragged windows, empty and short rows (slices of no block at all), ties at the k-th key
     logits, masked, starts, lengths = _case(10, 3000, 24, seed=slices, quantize=quantize, pad=3)
-    stats = _check(logits, masked, starts, lengths, 24, cap=512, slices=slices, **SMALL_ROAD)
-    assert stats[T.STAT_SAMPLED] >= 5, stats
+    stats = _check(logits, masked, starts, lengths, 24, cap=512, slices=slices, **SMALL_SAMPLE)
+    assert stats[TC.STAT_SAMPLED] >= 5, stats
 
 
 @pytest.mark.parametrize("slices", [2, 4])
-@pytest.mark.parametrize("topk,road", [(16, T.STAT_SAMPLED), (100, T.STAT_PLAIN)])
-def test_split_rows_retry_in_a_second_launch(slices, topk, road):
+@pytest.mark.parametrize("topk,path", [(16, TC.STAT_SAMPLED), (100, TC.STAT_PLAIN)])
+def test_split_rows_retry_in_a_second_launch(slices, topk, path):
     # every large key of 2048-key rows sits in a run the sample reads, so exactly r keys reach
     # the first threshold, fewer than k: the retry launch appends the keys down to the deeper
-    # threshold, enough for k=16 (the sampled road serves the rows), still too few for k=100
+    # threshold, enough for k=16 (the sampled path serves the rows), still too few for k=100
     n = 2048
     col = torch.arange(n)
     vals = torch.rand(3, n) - 10.0
     vals[:, (col // 8) % 4 == 0] += 20.0
     starts = torch.zeros(3, dtype=torch.int64)
     lengths = torch.full((3,), n, dtype=torch.int64)
-    stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=4096, slices=slices, **SMALL_ROAD)
-    assert stats[road] == 3, stats
+    stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=4096, slices=slices, **SMALL_SAMPLE)
+    assert stats[path] == 3, stats
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(presample=True), dict(slices=2), dict(slices=4)])
@@ -305,11 +307,11 @@ def test_retried_rows_are_counted_with_a_fifth_stats_entry(kw):
     for entries, retried in ((5, 3), (4, None)):
         stats = torch.zeros(entries, dtype=torch.int32, device=DEVICE)
         T.ragged_topk(vals.to(DEVICE), starts.to(DEVICE), lengths.to(DEVICE), 16, out, stats=stats, cap=4096,
-                      **dict(SMALL_ROAD, **kw))
+                      **dict(SMALL_SAMPLE, **kw))
         stats = stats.cpu().tolist()
-        assert sum(stats[:4]) == 6 and stats[T.STAT_SAMPLED] == 6, stats
+        assert sum(stats[:4]) == 6 and stats[TC.STAT_SAMPLED] == 6, stats
         if retried is not None:
-            assert stats[T.STAT_RETRIED] == retried, stats
+            assert stats[TC.STAT_RETRIED] == retried, stats
     want = torch.empty(6, 16, dtype=torch.int32)
     row_topk(vals, starts, lengths, 16, want)
     assert torch.equal(out.cpu().sort(1).values, want.sort(1).values)
@@ -328,7 +330,7 @@ def test_split_rows_whose_first_search_stops_early(slack):
     vals[:, (col // 8) % 4 == 0] += 20.0
     starts = torch.zeros(3, dtype=torch.int64)
     lengths = torch.full((3,), n, dtype=torch.int64)
-    _check(vals.to(DEVICE), vals, starts, lengths, 100, cap=4096, slices=2, sample_slack=slack, **SMALL_ROAD)
+    _check(vals.to(DEVICE), vals, starts, lengths, 100, cap=4096, slices=2, sample_slack=slack, **SMALL_SAMPLE)
 
 
 def test_fused_select_keeps_whole_rows_where_rows_would_be_split(monkeypatch):
@@ -336,17 +338,17 @@ def test_fused_select_keeps_whole_rows_where_rows_would_be_split(monkeypatch):
     # whole rows instead of refusing the call
     monkeypatch.setattr(T, "auto_slices", lambda *args: 4)
     logits, masked, starts, lengths = _case(4, 3000, 24, seed=9, pad=3, min_length=1000)
-    _check(logits, masked, starts, lengths, 24, cap=512, fused=True, **SMALL_ROAD)
+    _check(logits, masked, starts, lengths, 24, cap=512, fused=True, **SMALL_SAMPLE)
     with pytest.raises(ValueError, match="fused"):
-        _check(logits, masked, starts, lengths, 24, cap=512, fused=True, slices=4, **SMALL_ROAD)
+        _check(logits, masked, starts, lengths, 24, cap=512, fused=True, slices=4, **SMALL_SAMPLE)
 
 
 def _default_plan(topk, n, presample=None, slices=1):
     # _plan for the default config (the CPU's, and AMD's) on a CPU device
-    cfg = tuple((key, type(value), value) for key, value in T.DEFAULT_CONFIG.items())
-    return T._plan(torch.device("cpu"), cfg, topk, n, None, None, None, None, None, None, None, None, None, None,
-                   None, None, None, presample, None, T.RADIX_BITS, None, T.PIECE, T.SPARSE, T.SIGMAS, None, 8,
-                   T.SAMPLE_SLACK, False, slices)
+    cfg = tuple((key, type(value), value) for key, value in TC.DEFAULT_CONFIG.items())
+    return TC._plan(torch.device("cpu"), cfg, topk, n, None, None, None, None, None, None, None, None, None, None,
+                   None, None, None, presample, None, TC.RADIX_BITS, None, TC.PIECE, TC.SPARSE, TC.SIGMAS, None, 8,
+                   TC.SAMPLE_SLACK, False, slices)
 
 
 def test_split_rows_take_their_threshold_from_the_sample_kernel():
@@ -354,7 +356,7 @@ def test_split_rows_take_their_threshold_from_the_sample_kernel():
     _, _, _, sample_kw, filter_kw, retry_kw, selects = _default_plan(64, 100000, presample=False, slices=4)
     assert sample_kw is not None and filter_kw["SL"] == 4 and filter_kw["PRESAMPLE"]
     assert retry_kw["RETRY"] and not filter_kw["RETRY"]
-    assert all(kw["W"] == 1 for _, kw in selects)  # one list a row
+    assert all(kw["W"] == 1 for _, kw in selects)  # one list per row
     _, _, _, sample_kw, filter_kw, retry_kw, _ = _default_plan(64, 100000, presample=False)
     assert sample_kw is None and retry_kw is None and filter_kw["SL"] == 1
 
@@ -363,7 +365,7 @@ def test_rows_past_the_filters_sample_take_the_sample_kernel():
     # a config without presample (the default off NVIDIA) still runs the sample kernel for
     # rows longer than the filter's own sample covers at one key in 32 (256 runs of 16 keys:
     # 128K keys), which then gives the retry's threshold too; asked for explicitly, off stays off
-    assert not T.DEFAULT_CONFIG["presample"]
+    assert not TC.DEFAULT_CONFIG["presample"]
     _, _, _, sample_kw, filter_kw, _, _ = _default_plan(2048, 1 << 20)
     assert sample_kw is not None and filter_kw["PRESAMPLE"] and filter_kw["SECOND"]
     assert _default_plan(2048, 1 << 17)[3] is None
@@ -371,20 +373,20 @@ def test_rows_past_the_filters_sample_take_the_sample_kernel():
 
 
 def test_auto_slices_split_only_few_long_rows_on_a_gpu():
-    assert T.auto_slices(torch.device("cpu"), 1, 1 << 21, 16) == 1
+    assert TC.auto_slices(torch.device("cpu"), 1, 1 << 21, 16) == 1
     if DEVICE == "cuda":
         dev = torch.device(DEVICE)
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        assert T.auto_slices(dev, 1, 1 << 21, 16) == T.MAX_SLICES
-        assert T.auto_slices(dev, sms * 8, 1 << 21, 16) == 1
-        assert T.auto_slices(dev, 1, 2 * T.SLICE_MIN, 16) == 2
-        assert T.auto_slices(dev, 1, T.SLICE_MIN, 16) == 1
+        assert TC.auto_slices(dev, 1, 1 << 21, 16) == TC.MAX_SLICES
+        assert TC.auto_slices(dev, sms * 8, 1 << 21, 16) == 1
+        assert TC.auto_slices(dev, 1, 2 * TC.SLICE_MIN, 16) == 2
+        assert TC.auto_slices(dev, 1, TC.SLICE_MIN, 16) == 1
 
 
-def test_sampled_road_with_odd_blocks():
+def test_sampled_path_with_odd_blocks():
     logits, masked, starts, lengths = _case(6, 700, 20, seed=9, pad=5, min_length=300)
-    stats = _check(logits, masked, starts, lengths, 20, cap=128, block=128, filter_block=64, **SMALL_ROAD)
-    assert stats[T.STAT_SAMPLED] >= 3, stats
+    stats = _check(logits, masked, starts, lengths, 20, cap=128, block=128, filter_block=64, **SMALL_SAMPLE)
+    assert stats[TC.STAT_SAMPLED] >= 3, stats
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(fused=True), dict(tile=16), dict(programs_per_sm=1, prefetch=2)])
@@ -394,8 +396,8 @@ def test_dynamic_rows_select_the_same_sets(kw):
     # rows each, concurrently; on the interpreter the first program takes them all
     rows = 300 if DEVICE == "cuda" else 40
     logits, masked, starts, lengths = _case(rows, 900, 24, seed=41, quantize=4.0, pad=3, min_length=100)
-    stats = _check(logits, masked, starts, lengths, 24, cap=1024, dynamic=True, **dict(SMALL_ROAD, **kw))
-    assert stats[T.STAT_SAMPLED] >= rows * 3 // 4, stats
+    stats = _check(logits, masked, starts, lengths, 24, cap=1024, dynamic=True, **dict(SMALL_SAMPLE, **kw))
+    assert stats[TC.STAT_SAMPLED] >= rows * 3 // 4, stats
 
 
 def test_second_launch_serves_the_two_rows_queued_among_many():
@@ -412,8 +414,8 @@ def test_second_launch_serves_the_two_rows_queued_among_many():
         lengths[r] = n
         vals[r, :400] = 10.0
     masked = torch.where(torch.arange(n)[None] < lengths[:, None], vals, float("-inf"))
-    stats = _check(vals.to(DEVICE), masked, starts, lengths, topk, cap=1024, tile=256, num_warps=4, **SMALL_ROAD)
-    assert stats[T.STAT_PLAIN] == 0 and stats[T.STAT_SAMPLED] >= 100, stats
+    stats = _check(vals.to(DEVICE), masked, starts, lengths, topk, cap=1024, tile=256, num_warps=4, **SMALL_SAMPLE)
+    assert stats[TC.STAT_PLAIN] == 0 and stats[TC.STAT_SAMPLED] >= 100, stats
 
 
 def test_direct_rows_with_the_chunked_write():
@@ -425,7 +427,7 @@ def test_direct_rows_with_the_chunked_write():
         if end < 2500:
             logits[r, end] = 1e30
     stats = _check(logits, masked, starts, lengths, 24, tile=2048, tile_write=False)
-    assert stats[T.STAT_DIRECT] >= 3, stats
+    assert stats[TC.STAT_DIRECT] >= 3, stats
 
 
 @pytest.mark.parametrize("prefetch", [2, 3])
@@ -435,7 +437,7 @@ def test_prefetch_on_rows_many_blocks_long(prefetch):
     # ones consumed
     logits, masked, starts, lengths = _case(6, 6000, 64, seed=47, pad=3, min_length=4500)
     stats = _check(logits, masked, starts, lengths, 64, prefetch=prefetch)
-    assert stats[T.STAT_SAMPLED] + stats[T.STAT_PLAIN] >= 4, stats
+    assert stats[TC.STAT_SAMPLED] + stats[TC.STAT_PLAIN] >= 4, stats
 
 
 @pytest.mark.parametrize("prefetch", [1, 2, 3])
@@ -444,8 +446,8 @@ def test_rows_of_whole_blocks_and_lists_overflowing_mid_row(prefetch):
     # blocks in flight (every load masked) and rows whose pass runs the unmasked loop (on
     # NVIDIA the PTX step) and then the masked tail; the last two rows' lists overflow inside
     # the unmasked loop (300 large keys where the sample does not look), keep counting, and
-    # take the plain road
-    fb = T.launch_config(torch.device(DEVICE))["filter_block"]
+    # take the fallback path
+    fb = TC.launch_config(torch.device(DEVICE))["filter_block"]
     whole = fb * (prefetch + 1)
     lens = [whole - 1, whole, whole + 1, 5 * fb - 1, 5 * fb, 5 * fb + 1, 5 * fb + 1, 5 * fb]
     n = 5 * fb + 1
@@ -457,8 +459,8 @@ def test_rows_of_whole_blocks_and_lists_overflowing_mid_row(prefetch):
     masked = torch.where(torch.arange(n)[None] < lengths[:, None], vals, float("-inf"))
     for r, length in enumerate(lens):  # the keys past each window are the largest: never taken
         vals[r, length:] = 1e30
-    stats = _check(vals.to(DEVICE), masked, starts, lengths, 16, cap=256, prefetch=prefetch, **SMALL_ROAD)
-    assert stats[T.STAT_PLAIN] >= 2 and stats[T.STAT_SAMPLED] >= 1, stats
+    stats = _check(vals.to(DEVICE), masked, starts, lengths, 16, cap=256, prefetch=prefetch, **SMALL_SAMPLE)
+    assert stats[TC.STAT_PLAIN] >= 2 and stats[TC.STAT_SAMPLED] >= 1, stats
 
 
 def test_lopsided_lists_take_the_second_launch():
@@ -479,8 +481,8 @@ def test_lopsided_lists_take_the_second_launch():
     lengths[1], lengths[7] = 1500, 1900
     masked = torch.where(col[None] < lengths[:, None], vals, float("-inf"))
     stats = _check(vals.to(DEVICE), masked, starts, lengths, topk, cap=512, tile=128, num_warps=4,
-                   filter_block=512, **SMALL_ROAD)
-    assert stats[T.STAT_SAMPLED] == rows, stats
+                   filter_block=512, **SMALL_SAMPLE)
+    assert stats[TC.STAT_SAMPLED] == rows, stats
 
 
 def test_second_launch_pulls_queued_rows_past_its_programs():
@@ -492,18 +494,18 @@ def test_second_launch_pulls_queued_rows_past_its_programs():
     logits, masked, starts, lengths = _case(rows, 900, 24, seed=31, pad=2, min_length=30)
     lengths[5::7] = torch.minimum(lengths[5::7], torch.tensor(20))
     masked = torch.where(torch.arange(900)[None] < (starts + lengths)[:, None], masked, float("-inf"))
-    stats = _check(logits, masked, starts, lengths, 24, cap=512, tile=16, num_warps=4, **SMALL_ROAD)
-    assert stats[T.STAT_SAMPLED] >= rows * 2 // 3 and stats[T.STAT_SHORT] >= rows // 7, stats
-    assert stats[T.STAT_PLAIN] == 0, stats
+    stats = _check(logits, masked, starts, lengths, 24, cap=512, tile=16, num_warps=4, **SMALL_SAMPLE)
+    assert stats[TC.STAT_SAMPLED] >= rows * 2 // 3 and stats[TC.STAT_SHORT] >= rows // 7, stats
+    assert stats[TC.STAT_PLAIN] == 0, stats
     programs = torch.cuda.get_device_properties(DEVICE).multi_processor_count if DEVICE == "cuda" else 4
-    assert stats[T.STAT_SAMPLED] > programs
+    assert stats[TC.STAT_SAMPLED] > programs
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="register caps are an NVIDIA launch option")
 def test_register_caps_select_the_same_sets():
     logits, masked, starts, lengths = _case(12, 900, 24, seed=33, quantize=4.0, pad=3, min_length=300)
-    stats = _check(logits, masked, starts, lengths, 24, cap=256, filter_maxnreg=32, select_maxnreg=64, **SMALL_ROAD)
-    assert stats[T.STAT_SAMPLED] >= 8, stats
+    stats = _check(logits, masked, starts, lengths, 24, cap=256, filter_maxnreg=32, select_maxnreg=64, **SMALL_SAMPLE)
+    assert stats[TC.STAT_SAMPLED] >= 8, stats
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="on NVIDIA GPUs the register caps are accepted")
@@ -535,16 +537,16 @@ def test_deeper_prefetch_selects_the_torch_set(prefetch, filter_block):
     # ballot path on NVIDIA GPUs)
     logits, masked, starts, lengths = _case(8, 700, 20, seed=21, pad=5, min_length=100)
     stats = _check(logits, masked, starts, lengths, 20, cap=128, filter_block=filter_block, prefetch=prefetch,
-                   **SMALL_ROAD)
-    assert stats[T.STAT_SAMPLED] >= 4, stats
+                   **SMALL_SAMPLE)
+    assert stats[TC.STAT_SAMPLED] >= 4, stats
 
 
 def test_lists_longer_than_the_tile_take_the_second_launch():
     # a first tile of 4 slots a list: nearly every row's lists overflow it and the second
     # launch (lists of cap / num_warps slots) must serve them, the rest stay served
     logits, masked, starts, lengths = _case(8, 900, 24, seed=12, pad=2, min_length=200)
-    stats = _check(logits, masked, starts, lengths, 24, cap=512, tile=16, num_warps=4, **SMALL_ROAD)
-    assert stats[T.STAT_SAMPLED] >= 5 and stats[T.STAT_PLAIN] == 0, stats
+    stats = _check(logits, masked, starts, lengths, 24, cap=512, tile=16, num_warps=4, **SMALL_SAMPLE)
+    assert stats[TC.STAT_SAMPLED] >= 5 and stats[TC.STAT_PLAIN] == 0, stats
 
 
 def test_nan_and_infinity_ties_at_the_kth_key_go_to_the_lowest_columns():
@@ -556,7 +558,7 @@ def test_nan_and_infinity_ties_at_the_kth_key_go_to_the_lowest_columns():
     vals[2, 1::3] = -float("nan")
     starts = torch.zeros(3, dtype=torch.int64)
     lengths = torch.full((3,), 400, dtype=torch.int64)
-    for kw in (dict(SMALL_ROAD, tile=32), dict(tile=1024), dict(tile=32, sample_min=1 << 30)):
+    for kw in (dict(SMALL_SAMPLE, tile=32), dict(tile=1024), dict(tile=32, sample_min=1 << 30)):
         _check(vals.to(DEVICE), vals, starts, lengths, 30, cap=1024, **kw)
 
 
@@ -599,23 +601,23 @@ def test_triton_backend_with_either_topk_selects_the_same_sets(monkeypatch):
 
 @pytest.mark.parametrize("kw", [dict(), dict(tile=16), dict(tile=64, sample_min=1 << 30), dict(tile=1024)])
 def test_fused_select_selects_the_same_sets(kw):
-    # the select done by the filter kernel's own programs: every road, the second launch too
+    # the select done by the filter kernel's own programs: every path, the second launch too
     logits, masked, starts, lengths = _case(10, 900, 24, seed=21, quantize=4.0, pad=3, min_length=100)
-    stats = _check(logits, masked, starts, lengths, 24, cap=1024, fused=True, **dict(SMALL_ROAD, **kw))
-    road = T.STAT_PLAIN if "sample_min" in kw else T.STAT_DIRECT if kw.get("tile") == 1024 else T.STAT_SAMPLED
-    assert stats[road] >= 7, stats
+    stats = _check(logits, masked, starts, lengths, 24, cap=1024, fused=True, **dict(SMALL_SAMPLE, **kw))
+    path = TC.STAT_PLAIN if "sample_min" in kw else TC.STAT_DIRECT if kw.get("tile") == 1024 else TC.STAT_SAMPLED
+    assert stats[path] >= 7, stats
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(tile=16), dict(tile=1024), dict(fused=True), dict(quantize=None)])
 def test_tile_write_selects_the_same_sets(kw):
     # the write from the key tile in registers: ties at the k-th key (quantized values) on
-    # the sampled road, the second launch (tile=16), the direct road, fused, distinct values
+    # the sampled path, the second launch (tile=16), the direct path, fused, distinct values
     kw = dict(kw)
     quantize = kw.pop("quantize", 4.0)
     logits, masked, starts, lengths = _case(10, 900, 24, seed=23, quantize=quantize, pad=3, min_length=100)
-    stats = _check(logits, masked, starts, lengths, 24, cap=1024, tile_write=True, **dict(SMALL_ROAD, **kw))
-    road = T.STAT_DIRECT if kw.get("tile") == 1024 else T.STAT_SAMPLED
-    assert stats[road] >= 7, stats
+    stats = _check(logits, masked, starts, lengths, 24, cap=1024, tile_write=True, **dict(SMALL_SAMPLE, **kw))
+    path = TC.STAT_DIRECT if kw.get("tile") == 1024 else TC.STAT_SAMPLED
+    assert stats[path] >= 7, stats
     if quantize:  # the tie rule was needed: rows where the k-th value's ties do not all fit
         top = masked.sort(1, descending=True).values
         kth = top[:, 23:24]
@@ -629,35 +631,35 @@ def test_presampled_thresholds_select_the_same_sets(kw):
     kw = dict(kw)
     quantize = kw.pop("quantize", 4.0)
     logits, masked, starts, lengths = _case(10, 900, 24, seed=29, quantize=quantize, pad=3, min_length=100)
-    stats = _check(logits, masked, starts, lengths, 24, cap=1024, presample=True, **dict(SMALL_ROAD, **kw))
-    assert stats[T.STAT_SAMPLED] >= 7, stats
+    stats = _check(logits, masked, starts, lengths, 24, cap=1024, presample=True, **dict(SMALL_SAMPLE, **kw))
+    assert stats[TC.STAT_SAMPLED] >= 7, stats
 
 
 @pytest.mark.parametrize("pieces", [16, 8])
-@pytest.mark.parametrize("topk,road", [(16, T.STAT_SAMPLED), (100, T.STAT_PLAIN)])
-def test_presampled_second_threshold_serves_an_unlucky_sample(topk, road, pieces):
+@pytest.mark.parametrize("topk,path", [(16, TC.STAT_SAMPLED), (100, TC.STAT_PLAIN)])
+def test_presampled_second_threshold_serves_an_unlucky_sample(topk, path, pieces):
     # the sample kernel's threshold lets r < k keys through; the filter's retry (twice the
     # sigmas) enough for k=16 only. pieces=8: the filter's own sample is half the sample
     # kernel's, which then gives the retry's threshold too
     vals, starts, lengths = _unlucky_rows()
     stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=4096, pieces=pieces, presample=True,
-                   **SMALL_ROAD)
-    assert stats[road] == 3, stats
+                   **SMALL_SAMPLE)
+    assert stats[path] == 3, stats
 
 
 @pytest.mark.parametrize("piece,pieces", [(8, 32), (4, 256)])
-def test_presampled_thresholds_take_the_filters_roads(piece, pieces):
+def test_presampled_thresholds_take_the_filters_paths(piece, pieces):
     # lists of 32 slots a row (cap 128, 4 lists): the rank-r threshold's keys mostly fit
     # them, the retry's or a wrong threshold's would not, so a presampled threshold other
-    # than the filter's own sends rows to another road. Both samples are one run every 4 *
+    # than the filter's own sends rows to another path. Both samples are one run every 4 *
     # piece keys (no row has more runs than either holds); pieces=256 makes the sample
     # kernel's tile smaller than the filter's (_sample_runs: 64 runs for n=900)
     logits, masked, starts, lengths = _case(12, 900, 24, seed=7, pad=3, min_length=600)
     kw = dict(cap=128, filter_block=64, piece=piece, pieces=pieces, sparse=4)
-    assert 900 // (4 * piece) <= min(pieces, T._sample_runs(900, piece, 4, T.SAMPLE_MAX))
+    assert 900 // (4 * piece) <= min(pieces, TC._sample_runs(900, piece, 4, TC.SAMPLE_MAX))
     want = _check(logits, masked, starts, lengths, 24, presample=False, **kw)
     got = _check(logits, masked, starts, lengths, 24, presample=True, **kw)
-    assert got == want and want[T.STAT_SAMPLED] >= 8, (got, want)
+    assert got == want and want[TC.STAT_SAMPLED] >= 8, (got, want)
 
 
 @pytest.mark.parametrize("slices", [1, 2])
@@ -666,7 +668,7 @@ def test_sample_kernel_tile_holds_the_filters_sample(slices):
     # times larger, n not a power of two, rows of every length up to n: the same thresholds
     # and column cuts (tied rows among them)
     n, piece, sparse = 1000, 8, 4
-    runs = T._sample_runs(n, piece, sparse, 1 << 12)
+    runs = TC._sample_runs(n, piece, sparse, 1 << 12)
     assert runs * piece * sparse >= n and runs < (1 << 12) // piece
     lens = torch.arange(1, n + 1, 7, dtype=torch.int64)
     logits = torch.randn(len(lens), n)
@@ -683,7 +685,7 @@ def test_sample_kernel_tile_holds_the_filters_sample(slices):
         wpos = torch.full((len(lens),), 77, dtype=torch.int32, device=DEVICE)
         ctl = torch.full((6,), -5, dtype=torch.int32, device=DEVICE)
         thr2 = torch.zeros(2 * len(lens), dtype=torch.int32, device=DEVICE)
-        T._sample_kernel[(len(lens),)](logits, starts, lens.to(DEVICE), t, tcol, thr2, cnt, wpos, ctl, len(lens),
+        TK._sample_kernel[(len(lens),)](logits, starts, lens.to(DEVICE), t, tcol, thr2, cnt, wpos, ctl, len(lens),
                                        logits.stride(0), 0, K=8, SECOND=True, NP=np_, PIECE=piece, SPARSE=sparse,
                                        SIGMAS=4.0, SLACK=1 / 32, LOW_BIT=8, DIRECT=8, SL=slices, num_warps=1)
         got.append((t, tcol, thr2))
@@ -703,7 +705,7 @@ def test_a_configs_filter_register_cap_applies_to_the_streaming_filter_only(monk
     # the config's cap is tuned for the filter that only streams; 0 means no cap. On the CPU a
     # cap is refused, which shows where it would apply
     logits, masked, starts, lengths = _case(4, 300, 8, seed=3, pad=1, min_length=50)
-    monkeypatch.setitem(T.DEFAULT_CONFIG, "filter_maxnreg", 40)
+    monkeypatch.setitem(TC.DEFAULT_CONFIG, "filter_maxnreg", 40)
     if DEVICE == "cpu":
         with pytest.raises(ValueError, match="filter_maxnreg"):
             T.ragged_topk(logits, starts.to(DEVICE), lengths.to(DEVICE), 8,
@@ -715,10 +717,10 @@ def test_a_configs_filter_register_cap_applies_to_the_streaming_filter_only(monk
 def test_ballot_write_takes_every_launch_whose_chunks_allow_it():
     # four registers a lane: chunks of a multiple of 128 keys a warp (the first launch's 512
     # keys at 4 warps, the second's 1024 at 8); a 256-slot first tile keeps the scan
-    common = T._select_common(256, 8, 8192, 512, 512, 4, True)
-    assert [kw["WB"] for _, kw in T._select_launches(common, 512, 8192, 4, ballot_write=True)] == [True, True]
-    assert [kw["WB"] for _, kw in T._select_launches(common, 256, 8192, 4, ballot_write=True)] == [False, True]
-    assert [kw["WB"] for _, kw in T._select_launches(common, 512, 8192, 4)] == [False, False]
+    common = TC._select_common(256, 8, 8192, 512, 512, 4, True)
+    assert [kw["WB"] for _, kw in TC._select_launches(common, 512, 8192, 4, ballot_write=True)] == [True, True]
+    assert [kw["WB"] for _, kw in TC._select_launches(common, 256, 8192, 4, ballot_write=True)] == [False, True]
+    assert [kw["WB"] for _, kw in TC._select_launches(common, 512, 8192, 4)] == [False, False]
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="the ballot write is NVIDIA inline PTX")
@@ -735,7 +737,7 @@ def test_ballot_write_selects_the_same_sets(kw):
     stats = _check(logits, masked, starts, lengths, 256, ballot_write=True, **kw)
     # (lengths 1200-6000: about a sixth of the rows fit the 2048-slot tile)
     direct = kw.get("tile") == 2048
-    assert stats[T.STAT_DIRECT if direct else T.STAT_SAMPLED] >= (rows // 8 if direct else rows // 2), stats
+    assert stats[TC.STAT_DIRECT if direct else TC.STAT_SAMPLED] >= (rows // 8 if direct else rows // 2), stats
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -750,7 +752,7 @@ def test_nans_in_the_sample_do_not_open_the_filter_to_every_key(fused):
     starts = torch.zeros(2, dtype=torch.int64)
     lengths = torch.full((2,), 4096, dtype=torch.int64)
     stats = _check(vals.to(DEVICE), vals, starts, lengths, 16, fused=fused)
-    assert stats[T.STAT_SAMPLED] == 2, stats
+    assert stats[TC.STAT_SAMPLED] == 2, stats
 
 
 @pytest.mark.parametrize("topk", [1, 2, 3])
@@ -803,8 +805,8 @@ def test_starts_and_lengths_of_either_width_or_strided(form):
         starts = torch.stack([starts, starts], 1)[:, 0]
         lengths = torch.stack([lengths, lengths], 1)[:, 1]
         assert starts.stride(0) == 2 and lengths.stride(0) == 2
-    stats = _check(logits, masked, starts, lengths, 24, cap=256, **SMALL_ROAD)
-    assert stats[T.STAT_SAMPLED] >= 5, stats
+    stats = _check(logits, masked, starts, lengths, 24, cap=256, **SMALL_SAMPLE)
+    assert stats[TC.STAT_SAMPLED] >= 5, stats
 
 
 def test_launch_config_changes_reach_a_call_shape_seen_before(monkeypatch):
@@ -812,11 +814,11 @@ def test_launch_config_changes_reach_a_call_shape_seen_before(monkeypatch):
     # changed after a call (bench topk --tune installs one) applies to the next same call
     logits, masked, starts, lengths = _case(4, 300, 8, seed=53, pad=1)
     _check(logits, masked, starts, lengths, 8)
-    key = T._arch(torch.device(DEVICE)) if DEVICE == "cuda" else None
+    key = TC._arch(torch.device(DEVICE)) if DEVICE == "cuda" else None
     if key is None:
-        monkeypatch.setitem(T.DEFAULT_CONFIG, "prefetch", 7)
+        monkeypatch.setitem(TC.DEFAULT_CONFIG, "prefetch", 7)
     else:
-        monkeypatch.setitem(T.TOPK_CONFIGS, key, dict(T.TOPK_CONFIGS.get(key, {}), prefetch=7))
+        monkeypatch.setitem(TC.TOPK_CONFIGS, key, dict(TC.TOPK_CONFIGS.get(key, {}), prefetch=7))
     with pytest.raises(ValueError, match="prefetch"):
         _check(logits, masked, starts, lengths, 8)
 
@@ -828,11 +830,11 @@ def test_a_float_or_bool_option_is_refused_after_its_int_twin_ran(bad, where, mo
     # given as an argument or in the launch config
     logits, masked, starts, lengths = _case(4, 300, 8, seed=55, pad=1)
     good = 1 if bad is True else 2
-    config = T.DEFAULT_CONFIG
+    config = TC.DEFAULT_CONFIG
     if DEVICE == "cuda":
-        key = T._arch(torch.device(DEVICE))
-        monkeypatch.setitem(T.TOPK_CONFIGS, key, dict(T.TOPK_CONFIGS.get(key, {})))
-        config = T.TOPK_CONFIGS[key]
+        key = TC._arch(torch.device(DEVICE))
+        monkeypatch.setitem(TC.TOPK_CONFIGS, key, dict(TC.TOPK_CONFIGS.get(key, {})))
+        config = TC.TOPK_CONFIGS[key]
     if where == "argument":
         _check(logits, masked, starts, lengths, 8, prefetch=good)
         with pytest.raises(ValueError, match="prefetch"):
@@ -852,7 +854,7 @@ def _kth_key_probe(keys_ptr, out_ptr, n, need, below, TILE: tl.constexpr, BISECT
     i = tl.arange(0, TILE)
     keys = tl.load(keys_ptr + i, mask=i < n, other=-2147483648)
     lo = tl.maximum(tl.min(tl.where(i < n, keys, 2147483647), axis=0).to(tl.int64) - below, -2147483648)
-    tl.store(out_ptr, T._kth_key(keys, need, lo.to(tl.int32), n, tl.max(keys, axis=0), BISECT_AFTER, SPAN))
+    tl.store(out_ptr, TK._kth_key(keys, need, lo.to(tl.int32), n, tl.max(keys, axis=0), BISECT_AFTER, SPAN))
 
 
 def _key_cases():
@@ -880,8 +882,8 @@ def _key_cases():
 
 
 @pytest.mark.parametrize("bisect_after,span", [
-    (0, T.SEARCH_SPAN), (1, T.SEARCH_SPAN), (T.SEARCH_BISECT_AFTER, 0), (T.SEARCH_BISECT_AFTER, T.SEARCH_SPAN),
-    (T.SEARCH_BISECT_AFTER, 1 << 40)])
+    (0, TC.SEARCH_SPAN), (1, TC.SEARCH_SPAN), (TC.SEARCH_BISECT_AFTER, 0), (TC.SEARCH_BISECT_AFTER, TC.SEARCH_SPAN),
+    (TC.SEARCH_BISECT_AFTER, 1 << 40)])
 def test_select_search_meets_the_bit_searchs_contract(bisect_after, span):
     # _kth_key's x: at least `need` keys >= x, and exactly `need` of them unless x is the
     # need-th largest key itself (the select's gt/eq split relies on it), on shapes that slow

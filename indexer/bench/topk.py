@@ -7,7 +7,7 @@ block, in one process, each phase timed with CUDA events after warm-up (median o
 * ``torch.topk``: a bare ``torch.topk(logits, k)``, the baseline upstream uses;
 * ``torch path``: what ``INDEXER_TOPK=torch`` runs (topk(k+1) and the lowest-index tie rule);
 * ``triton``: our ragged kernel (``INDEXER_TOPK=triton``), with how many rows took the
-  sampled road;
+  sampled path;
 * ``flashinfer``: FlashInfer's ``top_k_ragged_transform`` where it imports, with the
   lowest-index tie rule (``tie_break=1``, ours) and with any tie order (``tie_break=0``).
 
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         out = torch.empty(m, k, dtype=torch.int32, device=device)
         add("torch path", lambda: row_topk(logits, starts, lengths, k, out), out)
         if have_triton:
-            from ..topk.triton.ragged import STAT_PLAIN, STAT_SAMPLED, ragged_topk
+            from ..topk.triton import STAT_PLAIN, STAT_SAMPLED, ragged_topk
 
             stats = torch.zeros(4, dtype=torch.int32, device=device)
             ragged_topk(logits, starts, lengths, k, out, stats=stats)
@@ -254,6 +254,7 @@ def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float
     # one --dist point: its rows appended to out_rows
     from ..topk import row_topk
     from ..topk.triton import ragged as T
+    from ..topk.triton import config as TC
     from ..synthetic import logits_like
 
     k = args.topk
@@ -288,9 +289,9 @@ def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float
     stats = torch.zeros(5, dtype=torch.int32, device=device)
     T.ragged_topk(logits, starts, lengths, k, out, stats=stats)
     s = stats.tolist()
-    slices = T.auto_slices(device, m, n, T.launch_config(device)["programs_per_sm"])
-    note = (f"sampled {s[T.STAT_SAMPLED] / m:.0%}, plain {s[T.STAT_PLAIN]}, whole-row {s[T.STAT_DIRECT]}, "
-            f"retried {s[T.STAT_RETRIED]}"
+    slices = TC.auto_slices(device, m, n, TC.launch_config(device)["programs_per_sm"])
+    note = (f"sampled {s[TC.STAT_SAMPLED] / m:.0%}, plain {s[TC.STAT_PLAIN]}, whole-row {s[TC.STAT_DIRECT]}, "
+            f"retried {s[TC.STAT_RETRIED]}"
             + (f"; {slices} programs a row" if slices > 1 else ""))
     found = [add("triton", lambda: T.ragged_topk(logits, starts, lengths, k, out), note)]
     if slices > 1:
@@ -330,6 +331,7 @@ def _tune(args: argparse.Namespace, device: torch.device) -> dict:
     the fastest in ``TOPK_CONFIGS`` for this process and return it."""
     from ..topk import row_topk
     from ..topk.triton import ragged as T
+    from ..topk.triton import config as TC
 
     n = args.tune_context or max(int_list(args.context))
     problem, _, logits = _late_chunk_logits(args, device, n)
@@ -346,15 +348,15 @@ def _tune(args: argparse.Namespace, device: torch.device) -> dict:
             for w in int_list(args.tune_warps) for p in int_list(args.tune_per_sm)
             for f in int_list(args.tune_fused) for s in (int_list(args.tune_select_warps) if not f else [w])
             for d in int_list(args.tune_prefetch) for tw in int_list(args.tune_tile_write)
-            for fr in (int_list(args.tune_filter_maxnreg) if T._nvidia(device) else [0])
-            for sr in (int_list(args.tune_select_maxnreg) if T._nvidia(device) else [0])
+            for fr in (int_list(args.tune_filter_maxnreg) if TC._nvidia(device) else [0])
+            for sr in (int_list(args.tune_select_maxnreg) if TC._nvidia(device) else [0])
             for dy in int_list(args.tune_dynamic) for ps in int_list(args.tune_presample)
-            for bw in (int_list(args.tune_ballot_write) if T._nvidia(device) else [0])
+            for bw in (int_list(args.tune_ballot_write) if TC._nvidia(device) else [0])
             # a filter cap only where a config's would apply (the filter that only streams),
             # so that the config installed is the one measured
             if not (fr and (f or not ps))]
     # the config in use is always a candidate: a grid that misses it cannot install a slower one
-    config = T.launch_config(device)
+    config = TC.launch_config(device)
     current = {key: (config[key] or 0) if key.endswith("maxnreg") else config[key] for key in grid[0]} if grid else {}
     if current and current not in grid:
         grid.append(current)
@@ -374,9 +376,9 @@ def _tune(args: argparse.Namespace, device: torch.device) -> dict:
                        ("presample", "presample", "d"), ("ballot_write", "ballot write", "d"), ("ms", "ms", ".3f"),
                        ("same", "same set", ".1%")]))
     best = {key: value for key, value in rows[0].items() if key not in ("ms", "same")}  # the grid's config
-    T.TOPK_CONFIGS[T._arch(device)] = best
+    TC.TOPK_CONFIGS[TC._arch(device)] = best
     plan_cache.clear()  # plans made before hold the old config's launches
-    print(f"best: TOPK_CONFIGS[{T._arch(device)!r}] = {best} (used for the rest of this run)")
+    print(f"best: TOPK_CONFIGS[{TC._arch(device)!r}] = {best} (used for the rest of this run)")
     return best
 
 

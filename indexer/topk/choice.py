@@ -44,7 +44,7 @@ def topk_row_bytes(problem: Problem) -> int:
     """Bytes per row of the chosen top-k's temporaries, for chunk budgets: torch.topk's k+1
     values and indices, or the Triton kernel's candidate lists."""
     if topk_choice(problem.device) == "triton":
-        from .triton.ragged import scratch_bytes_per_row
+        from .triton.config import scratch_bytes_per_row
 
         return scratch_bytes_per_row(problem.topk)
     return 12 * (problem.topk + 1)

@@ -40,6 +40,8 @@ import torch
 from ...problem import validate
 from . import kernels as K
 from ...topk.triton import ragged as T
+from ...topk.triton import config as TC
+from ...topk.triton import kernels as TK
 
 triton, tl = K.triton, K.tl
 
@@ -63,11 +65,11 @@ if triton is not None:
         s1 = (end + stride - 1) // stride
         j = tl.arange(0, SP)
         m = (j >= s0) & (j < s1)
-        skeys = tl.where(m, T._skey(tl.load(sample_ptr + row * stride_sm + j, mask=m, other=0.0)), -2147483648)
+        skeys = tl.where(m, TK._skey(tl.load(sample_ptr + row * stride_sm + j, mask=m, other=0.0)), -2147483648)
         s = s1 - s0
-        t = T._skey(tl.full((), float("-inf"), tl.float32))
+        t = TK._skey(tl.full((), float("-inf"), tl.float32))
         if (length > CAP) & (s > 0):
-            t = T._sample_threshold(skeys, T._sample_rank(K_, s, length, SIGMAS), SLACK, LOW_BIT)
+            t = TK._sample_threshold(skeys, TK._sample_rank(K_, s, length, SIGMAS), SLACK, LOW_BIT)
         tl.store(thr_ptr + row, t)
 
     @triton.jit
@@ -107,7 +109,7 @@ if triton is not None:
         rmask = rows < M
         starts, ends, lo, hi = K._row_windows(starts_ptr, ends_ptr, rows, rmask, N)
         q_t, w = K._keys_major_operands(q_ptr, w_ptr, pid, M, stride_qm, stride_wm, H, D, BLOCK_Q)
-        tf = T._key_float(tl.load(thr_ptr + rows, mask=rmask, other=0))
+        tf = TK._key_float(tl.load(thr_ptr + rows, mask=rmask, other=0))
         WCAP: tl.constexpr = CAP // BLOCK_N
         lane = tl.arange(0, BLOCK_N)
         # the slots as int32 (value bits, then column: two 4-byte stores measured 5% faster
@@ -142,7 +144,7 @@ if triton is not None:
 def sample_stride(n: int) -> int:
     """Every how many keys the threshold's sample takes one: 32, or more past
     ``32 * SAMPLE_KEYS`` keys."""
-    return max(T.SPARSE, -(-n // SAMPLE_KEYS))
+    return max(TC.SPARSE, -(-n // SAMPLE_KEYS))
 
 
 def logits_topk(
@@ -158,7 +160,7 @@ def logits_topk(
     cap: int | None = None,
     tile: int | None = None,
     select_warps: int = 8,
-    sigmas: float = T.SIGMAS,
+    sigmas: float = TC.SIGMAS,
     stats: torch.Tensor | None = None,
 ) -> int:
     """Top-k keys of every row of the indexer logits, without writing the logits.
@@ -182,9 +184,9 @@ def logits_topk(
             a list longer than ``tile`` over the lists go to a second launch.
         select_warps: Warps of the first select launch.
         sigmas: Depth of the sampled threshold, in standard deviations.
-        stats: Optional contiguous int32 ``[4]``, :func:`indexer.topk.triton.ragged.ragged_topk`'s road
+        stats: Optional contiguous int32 ``[4]``, :func:`indexer.topk.triton.ragged.ragged_topk`'s path
             counters: ``STAT_SAMPLED`` counts the rows selected from their lists (those that
-            kept every key too); a recomputed row counts on the road the unfused top-k took.
+            kept every key too); a recomputed row counts on the path the unfused top-k took.
 
     Returns:
         The number of rows recomputed the unfused way (short or overflowing lists).
@@ -208,17 +210,17 @@ def logits_topk(
         raise ValueError(f"q's heads H={h} must be a power of two up to 128")
     if d not in (32, 64, 128):
         raise ValueError(f"head dim D must be 32, 64 or 128, got {d}")
-    cap = T.default_cap(topk) if cap is None else cap
+    cap = TC.default_cap(topk) if cap is None else cap
     tile = cap if tile is None else tile
     lists = K.fused_config(h, d).block_n
-    if not (T._pow2(cap) and T._pow2(tile) and topk <= cap and lists <= tile <= cap <= 1 << 20):
+    if not (TC._pow2(cap) and TC._pow2(tile) and topk <= cap and lists <= tile <= cap <= 1 << 20):
         raise ValueError(f"cap and tile must be powers of two with topk <= cap and {lists} (the key tile) <= tile <= "
                          f"cap <= 2**20; got cap={cap}, tile={tile}, topk={topk}")
-    if not (isinstance(select_warps, int) and T._pow2(select_warps) and select_warps <= 16):
+    if not (isinstance(select_warps, int) and TC._pow2(select_warps) and select_warps <= 16):
         raise ValueError(f"select_warps must be a power of two up to 16, got {select_warps!r}")
     if not 0 < sigmas < float("inf"):
         raise ValueError(f"sigmas must be positive and finite, got {sigmas}")
-    T._check_stats(stats, q.device)
+    TC._check_stats(stats, q.device)
     if m == 0:
         return 0
     device = q.device
@@ -243,13 +245,13 @@ def logits_topk(
     cfg = K.fused_config(h, d)
     with K.device_guard(q):
         _threshold_kernel[(m,)](sample, starts, ends, thr, sample.stride(0), stride, K_=topk, CAP=cap,
-                                SP=T._next_pow2(sample.shape[1]), SIGMAS=float(sigmas), SLACK=float(T.SAMPLE_SLACK),
+                                SP=TC._next_pow2(sample.shape[1]), SIGMAS=float(sigmas), SLACK=float(TC.SAMPLE_SLACK),
                                 LOW_BIT=8, num_warps=8)
         del sample
         # 2. the logits, filtered as they are computed
         _logits_filter_kernel[(triton.cdiv(m, cfg.block_q),)](
             q, k, k_scale, weights, starts, ends, thr, cand32, counts, m, n, q.stride(0), k.stride(0),
-            weights.stride(0), H=h, D=d, BLOCK_Q=cfg.block_q, BLOCK_N=cfg.block_n, CAP=cap, PTX=T._nvidia(device),
+            weights.stride(0), H=h, D=d, BLOCK_Q=cfg.block_q, BLOCK_N=cfg.block_n, CAP=cap, PTX=TC._nvidia(device),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     # rows the lists cannot serve: the only device-to-host read
     bad = (lengths > topk) & ((counts.sum(1) < topk) | (counts.max(1).values > cap // lists))
@@ -259,20 +261,20 @@ def logits_topk(
     sel_len = torch.where(bad, 0, lengths) if n_redo else lengths
     stats_arg = stats if stats is not None else sel_len
     # DIRECT=topk: no row is selected on its logits (there are none); BLOCK: the plain
-    # road's, never taken here
-    common = T._select_common(topk, lists, cap, topk, T.DEFAULT_CONFIG["block"], T.RADIX_BITS, stats is not None)
+    # path's, never taken here
+    common = TC._select_common(topk, lists, cap, topk, TC.DEFAULT_CONFIG["block"], TC.RADIX_BITS, stats is not None)
     with K.device_guard(q):
         # logits: a float32 placeholder, never read
-        selects = T._select_launches(common, tile, cap, select_warps,
-                                     ballot_write=T._nvidia(device) and T.launch_config(device)["ballot_write"] is True)
+        selects = TC._select_launches(common, tile, cap, select_warps,
+                                     ballot_write=TC._nvidia(device) and TC.launch_config(device)["ballot_write"] is True)
         T._run_selects(device, m, selects, thr.view(torch.float32), starts, sel_len, out, cand32, counts, thr, ctl,
                        wpos, stats_arg, 0, 0)
     del cand32, scratch, counts, ctl, wpos, thr  # free before the fallback's logits
     if n_redo:
         if stats is not None:
             # the select counted them as short (length 0 there); the fallback's select
-            # counts each on its own road
-            stats[T.STAT_SHORT] -= n_redo
+            # counts each on its own path
+            stats[TC.STAT_SHORT] -= n_redo
         # the unfused way for those rows, their logits, then the ragged top-k, in pieces of
         # at most the candidate lists' bytes
         per = max(1, (8 * cap * m) // (4 * n))

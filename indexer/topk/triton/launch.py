@@ -2,7 +2,7 @@
 
 A ``kernel[grid](*args, **kw)`` call binds every parameter, specializes each argument,
 builds a cache key (``str`` of the options included) and only then launches: on an H200's
-host 20-42 us a launch for the top-k's kernels (14-41 parameters), more than the launch
+host 20-42 us per launch for the top-k's kernels (14-41 parameters), more than the launch
 itself (docs/benchmarks.md). :class:`Launcher` lets the JIT make the first launch
 of each specialization and keeps the compiled kernel it returns; later launches with the
 same specialization call that kernel's launcher directly.
@@ -16,7 +16,7 @@ knobs the JIT's key holds), so that two launches with one key select one compile
 NVIDIA backend). AMD's backend also specializes on
 whether a tensor spans under 2 GB (buffer ops): the callers launch directly on NVIDIA only.
 Anything else (another argument type, a launch hook set for a profiler, Triton's
-interpreter, a launcher that refuses the arguments) takes the JIT's road.
+interpreter, a launcher that refuses the arguments) takes the JIT's path.
 
 A direct launch passes each pointer as its address (an int, which Triton's launcher takes
 as the pointer itself): it skips the launcher's ``data_ptr`` call and driver query a tensor,
@@ -168,7 +168,7 @@ class LaunchKw(dict):
 
 def _current_stream(index: int) -> int:
     # the stream Triton's JIT launches on: torch's current one (its raw handle, as Triton's
-    # CUDA driver reads it; the public road where that is gone)
+    # CUDA driver reads it; the public API where that is gone)
     try:
         from torch._C import _cuda_getCurrentRawStream
     except ImportError:

@@ -1,0 +1,886 @@
+"""The Triton top-k's kernels: sample, filter, select (docs/topk.md walks through them).
+
+Every jit function and the three kernels' launchers live here, defined only where Triton
+imports (``_SAMPLE``, ``_FILTER``, ``_SELECT``; :mod:`.ragged` launches them).
+"""
+
+from __future__ import annotations
+
+from .config import SEARCH_BISECT_AFTER, SEARCH_SPAN
+from .launch import Launcher
+from .ptx import _WARP_RANKS_PTX, _WARP_STORE_PTX, _shared_append_ptx, _warp_append_ptx
+
+try:
+    import triton
+    import triton.language as tl
+except Exception:  # noqa: BLE001 - reported by launch.is_available
+    triton = None
+    tl = None
+
+if triton is not None:
+    # (a jit function reads module globals only as constexprs)
+    _WARP_RANKS_ASM = tl.constexpr(_WARP_RANKS_PTX)
+    _WARP_STORE_ASM = tl.constexpr(_WARP_STORE_PTX)
+    _WARP_APPEND_ASM = tl.constexpr(_warp_append_ptx(False))
+    _WARP_APPEND_CUT_ASM = tl.constexpr(_warp_append_ptx(True))
+    _SHARED_APPEND_ASM = tl.constexpr(_shared_append_ptx(False))
+    _SHARED_APPEND_CUT_ASM = tl.constexpr(_shared_append_ptx(True))
+    _BISECT_AFTER = tl.constexpr(SEARCH_BISECT_AFTER)
+    _SPAN = tl.constexpr(SEARCH_SPAN)
+
+    @triton.jit
+    def _skey(v):
+        # float32 -> int32 whose signed order is the floats' order; -0.0 gets +0.0's key,
+        # since the two compare equal (and the torch path ties them). All 32-bit: 64-bit
+        # integer ops cost two instructions each.
+        bits = v.to(tl.int32, bitcast=True)
+        bits = tl.where(bits == -2147483648, 0, bits)
+        # every NaN above everything, as torch.topk ranks them (a negative NaN would sort low)
+        bits = tl.where(v != v, 0x7FFFFFFF, bits)
+        return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+    @triton.jit
+    def _key_float(t):
+        # the float whose key is t (_skey is its own inverse on the bits it produces); for a
+        # threshold key, `not (v < float)` keeps exactly the keys >= t, NaNs included
+        bits = t ^ ((t >> 31) & 0x7FFFFFFF)
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _warp_ranks(sel32):
+        """Per element: its rank among the selected (nonzero) elements of its warp, and the
+        warp's count of them. NVIDIA only (inline PTX); four elements a thread, so every
+        lane holds exactly four of the block's."""
+        return tl.inline_asm_elementwise(
+            _WARP_RANKS_ASM,
+            "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r",
+            [sel32],
+            dtype=(tl.int32, tl.int32),
+            is_pure=True,
+            pack=4,
+        )
+
+    @triton.jit
+    def _warp_id(x):
+        # the hardware warp of each element's thread (lists are per warp, whatever the layout).
+        # Not a function of x alone: Triton may recompute it in another layout where a
+        # tensor is converted (it did, is_pure or not, for the count store of a vectorized
+        # pass, which then stored each list's count under another warp's index), so every
+        # use must stay in the layout of the pass's loop
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 t; mov.u32 t, %tid.x; shr.u32 $0, t, 5; }", "=r,r", [x], dtype=tl.int32, is_pure=True, pack=1)
+
+    @triton.jit
+    def _warp_store(sel32, value, ctr, dst):
+        """``dst[slot] = value`` for every selected (nonzero ``sel32``) element, each at a slot
+        of its own taken from the counter ``*ctr`` (int32; ``ctr`` and ``dst`` one address for
+        every element). NVIDIA only (inline PTX). Each warp ranks its selected elements, four
+        registers of each lane at a time, with a ballot, and one lane takes the warp's total
+        from the counter with one atomic add: no scan across the block (a ``tl.cumsum`` of an
+        index tile shuffled every element through 5 warp steps and a barrier). Slots come in
+        no particular order. The store is inside the asm: returned slots were recomputed by
+        Triton in another layout (the asm run twice, the counter advanced twice), so the
+        asm's result is a placeholder nobody converts."""
+        return tl.inline_asm_elementwise(
+            _WARP_STORE_ASM,
+            "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l",
+            [sel32, value, ctr, dst],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=4,
+        )
+
+    @triton.jit
+    def _warp_append(v, c, t, tcol, length, lists, room, CUT: tl.constexpr):
+        """The filtering pass's step on NVIDIA (inline PTX): each key of ``v`` (float32 bits,
+        columns ``c``) not below ``t`` (and, with ``CUT``, not equal to it at a column past
+        ``tcol``, a scalar) goes to its warp's list at ``lists`` (int64 slots: value bits low, column
+        high), after the ``length`` (each element: its warp's list length) already there,
+        while the slot is below ``room``; returns the new length. The compare, ranks, 8-byte
+        store and count are one block of PTX: Triton's code for the same unmasked step took
+        9 (4 warps) to 13 (8 warps) more SASS instructions a block under a 32-register cap
+        (64-bit packing and addressing) and, at 8 warps, spilled in the loop (Triton 3.6,
+        sm_90a). Four elements a thread (one rank a register, as :func:`_warp_ranks`)."""
+        # (a constexpr string must reach the asm call as it is, not through a local; without
+        # the cut, no column operands: under the filter's 32-register cap they would spill)
+        if CUT:
+            return tl.inline_asm_elementwise(
+                _WARP_APPEND_CUT_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
+                [v, c, length, lists, t, room, tcol + tl.zeros(v.shape, tl.int32)], dtype=tl.int32, is_pure=False,
+                pack=4)
+        else:
+            return tl.inline_asm_elementwise(
+                _WARP_APPEND_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r",
+                [v, c, length, lists, t, room], dtype=tl.int32, is_pure=False, pack=4)
+
+    @triton.jit
+    def _shared_append(v, c, t, tcol, ctr, lists, room, CUT: tl.constexpr):
+        """:func:`_warp_append` into one list a row shared by several programs (a long row
+        split into slices): slots from the row's counter ``ctr`` (one atomic add a warp with
+        keys to place), in no particular order. NVIDIA only (inline PTX)."""
+        if CUT:
+            return tl.inline_asm_elementwise(
+                _SHARED_APPEND_CUT_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
+                [v, c, ctr, lists, t, room, tcol + tl.zeros(v.shape, tl.int32)], dtype=tl.int32, is_pure=False,
+                pack=4)
+        else:
+            return tl.inline_asm_elementwise(
+                _SHARED_APPEND_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r",
+                [v, c, ctr, lists, t, room], dtype=tl.int32, is_pure=False, pack=4)
+
+    @triton.jit
+    def _write_out(obase, sel, value, wpos_ptr, taken, WB: tl.constexpr):
+        """``value`` of the selected elements of a chunk to ``obase``, after the ``taken``
+        written before it: by warp ballots (:func:`_warp_store`, slots from the row's counter
+        ``*wpos_ptr``) where ``WB``, else at a scan's positions. Returns the new ``taken``
+        (unchanged with ``WB``: the counter carries it)."""
+        if WB:
+            zero = tl.zeros(sel.shape, tl.int32)
+            _warp_store(sel.to(tl.int32), value, wpos_ptr + zero, obase + zero)
+            new_taken = taken
+        else:
+            tl.store(obase + taken + tl.cumsum(sel.to(tl.int32), axis=0) - 1, value, mask=sel)
+            new_taken = taken + tl.sum(sel.to(tl.int32), axis=0)
+        return new_taken
+
+    @triton.jit
+    def _search(keys, need, lo, hi, stop, LOW_BIT: tl.constexpr):
+        """A key ``x`` with at least ``need`` of ``keys`` (int32 [T], empty slots ``-2**31``)
+        at or above it, given ``lo <= x <= hi``: bit by bit, most significant first, on the
+        keys' unsigned form, one count a bit where ``lo`` and ``hi`` differ. The search ends
+        early, its lower bits 0, once at most ``stop`` (>= ``need``) keys are at or above
+        ``x``; otherwise ``x`` is the largest such key but for the bits below ``LOW_BIT``,
+        left 0. Either way ``x`` is a lower bound of the ``need``-th largest key; with
+        ``stop == need`` an early end means exactly ``need`` keys are ``>= x``, the same set
+        as the ``need`` largest, so the callers' selection by ``x`` stays exact."""
+        lo_u = lo ^ -2147483648
+        diff = lo_u ^ (hi ^ -2147483648)
+        a = tl.full((), 0, tl.int32)
+        one = tl.full((), 1, tl.int32)
+        above = tl.full((), 2147483647, tl.int32)  # keys >= a, once a count has told
+        b = tl.full((), 31, tl.int32)
+        # most rows settle well before the last bit: the gap below the need-th key is wide
+        while (b >= LOW_BIT) & (above > stop):
+            bit = one << b
+            if (diff >> b) == 0:  # lo and hi agree from here up
+                a = a | (lo_u & bit)
+            else:
+                cand = a | bit
+                c = tl.sum((keys >= (cand ^ -2147483648)).to(tl.int32), axis=0)
+                if c >= need:
+                    a = cand
+                    above = c
+            b -= 1
+        return a ^ -2147483648
+
+    @triton.jit
+    def _kth_key(keys, need, lo, count_lo, hi, BISECT_AFTER: tl.constexpr, SPAN: tl.constexpr):
+        """The select's search: a key ``x`` with at least ``need`` of ``keys`` (int32 [T],
+        empty slots ``-2**31``) at or above it and either exactly ``need`` of them or ``x``
+        the ``need``-th largest key (the contract of :func:`_search` with ``stop == need``),
+        given ``count_lo >= need`` keys at or above ``lo`` and none above ``hi``. Regula
+        falsi on the count with the Illinois rule (the end kept twice in a row has its
+        weight halved), in int64 so that ``hi + 1`` fits. It halves the bracket instead
+        while it spans more than ``SPAN`` keys (a key is a float's order-preserving bits, so
+        wide brackets cross binades, where counts are far from linear in the key: a row's
+        whole range of values) and after ``BISECT_AFTER`` counts (so at most
+        ``BISECT_AFTER + 33`` counts). CPU simulation, k=2048, mean counts a row against the
+        bit search's: sampled candidates of H200-shaped logits 7.3-8.0 against 14.3; whole
+        rows of 3000-4096 such keys 13.2-13.3 against 17.3-17.5; 4096 normal, uniform or
+        exponential floats 11.4 / 10.5 / 9.1 against 13.6 / 14.6 / 17.9."""
+        a = lo.to(tl.int64)  # count(keys >= a) = ca >= need
+        b = hi.to(tl.int64) + 1  # count(keys >= b) = cb < need
+        ca = count_lo
+        cb = tl.full((), 0, tl.int32)
+        wa = tl.full((), 1.0, tl.float32)
+        wb = tl.full((), 1.0, tl.float32)
+        side = tl.full((), 0, tl.int32)
+        steps = tl.full((), 0, tl.int32)
+        while (ca != need) & (b - a > 1):
+            fa = (ca - need).to(tl.float32) * wa
+            fb = (cb - need).to(tl.float32) * wb
+            span = b - a
+            p = a + (span.to(tl.float32) * tl.math.fdiv(fa, fa - fb)).to(tl.int64)
+            p = tl.where((steps >= BISECT_AFTER) | (span > SPAN), a + span // 2, p)
+            p = tl.minimum(tl.maximum(p, a + 1), b - 1)
+            c = tl.sum((keys >= p.to(tl.int32)).to(tl.int32), axis=0)
+            up = c >= need
+            a = tl.where(up, p, a)
+            ca = tl.where(up, c, ca)
+            b = tl.where(up, b, p)
+            cb = tl.where(up, cb, c)
+            wb = tl.where(up & (side == 1), wb * 0.5, 1.0)
+            wa = tl.where(~up & (side == -1), wa * 0.5, 1.0)
+            side = tl.where(up, 1, -1)
+            steps += 1
+        return a.to(tl.int32)
+
+    @triton.jit
+    def _sample_keys(base, sidx, smask):
+        # the sampled keys, empty slots -2**31
+        return tl.where(smask, _skey(tl.load(base + sidx, mask=smask, other=0.0)), -2147483648)
+
+    @triton.jit
+    def _sample_rank(K, s, length, SIGMAS: tl.constexpr):
+        """The rank ``r`` into a sample of ``s`` of a row's ``length`` keys (> 0) whose key
+        the row's ``K``-th key reaches: the sample holds ``mu`` of the row's top ``K`` on
+        average, and ``r`` is ``SIGMAS`` standard deviations deeper (at most ``s``)."""
+        mu = K * s.to(tl.float32) / length.to(tl.float32)
+        return tl.minimum((mu + SIGMAS * tl.sqrt(mu) + 1.0).to(tl.int32), s)
+
+    @triton.jit
+    def _run_rank(K, s, length, SIGMAS: tl.constexpr, RUN: tl.constexpr):
+        """:func:`_sample_rank` for a sample of runs of ``RUN`` adjacent keys, and at least
+        ``RUN`` deeper than ``mu``: where a row's largest keys are adjacent (a ramp), the
+        sample's largest sit in its first runs, which stand for ``spread`` keys each but hold
+        only ``RUN``; the extra run keeps ``K`` of the row's keys above the threshold (with
+        ``K`` small against the sample's runs, ``SIGMAS`` alone did not)."""
+        mu = K * s.to(tl.float32) / length.to(tl.float32)
+        r = tl.maximum(mu + SIGMAS * tl.sqrt(mu), mu + RUN) + 1.0
+        return tl.minimum(r.to(tl.int32), s)
+
+    @triton.jit
+    def _sample_threshold(skeys, rank, SLACK: tl.constexpr, LOW_BIT: tl.constexpr):
+        """Key the ``rank``-th largest of the sampled keys ``skeys`` reaches, with at most
+        ``rank * (1 + SLACK)`` of them at or above it (a lower bound, see :func:`_search`),
+        at most +inf's: a threshold among the NaNs' keys would compare as NaN in the
+        filtering pass and let every key through, while +inf's key admits the same keys a
+        NaN threshold means."""
+        stop = rank + (rank.to(tl.float32) * SLACK).to(tl.int32)
+        return tl.minimum(_search(skeys, rank, -2147483648, 2147483647, stop, LOW_BIT), 0x7F800000)
+
+    @triton.jit
+    def _sample_cut(skeys, scols, rank, length, spread, SLACK: tl.constexpr, LOW_BIT: tl.constexpr):
+        """The filter's threshold from a sample: ``(t, tcol)``, a key and a column, as the
+        composite key ``(value, -column)`` of the ``rank``-th largest sampled key, so that
+        the filter keeps the keys above ``t`` and the keys equal to it at columns up to
+        ``tcol``. Where the sample's keys are distinct near that rank, ``t`` is
+        :func:`_sample_threshold`'s and ``tcol`` is ``2**31 - 1`` (every column). Where many
+        sampled keys equal the ``rank``-th largest (ties: equal values, a flat row, zeros),
+        ``t`` is that key exactly and ``tcol`` the last column before the sample's next run
+        after its ``need``-th lowest tied key (``need``: the rank left after the keys above
+        ``t``): the sample's runs are spread over the row, one every ``spread`` columns, so
+        at least as many of the row's keys pass as for distinct values (a run's keys are
+        adjacent: without the rounding a tie dense in the row passed up to a run's spacing
+        fewer), and since ties go to the lowest columns the ``k`` selected stay among them.
+        ``scols``: the sampled keys' columns (int32, row-relative)."""
+        stop = rank + (rank.to(tl.float32) * SLACK).to(tl.int32)
+        x = _search(skeys, rank, -2147483648, 2147483647, stop, LOW_BIT)
+        tcol = tl.full((), 2147483647, tl.int32)
+        if tl.sum((skeys >= x).to(tl.int32), axis=0) > stop:
+            # the search ran out of bits: the rank-th key exactly (it lies in x's last
+            # LOW_BIT bits), then whether the sample ties there
+            x = _search(skeys, rank, x, x | ((1 << LOW_BIT) - 1), rank, 0)
+            if tl.sum((skeys >= x).to(tl.int32), axis=0) > rank:
+                need = rank - tl.sum((skeys > x).to(tl.int32), axis=0)
+                tcol = -_search(tl.where(skeys == x, -scols - 1, -2147483648), need, -length, -1, need, 0) - 1
+                tcol = (tcol // spread + 1) * spread - 1
+        if x > 0x7F800000:
+            # among the NaNs' keys: +inf's, every column (see _sample_threshold)
+            x = tl.full((), 0x7F800000, tl.int32)
+            tcol = tl.full((), 2147483647, tl.int32)
+        return x, tcol
+
+    @triton.jit
+    def _pack(col, v):
+        # a candidate as one int64: the value's bits in the low word, its column in the high
+        return (col.to(tl.int64) << 32) | (v.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+
+    @triton.jit
+    def _slot(cand32_ptr, row, i, CAP: tl.constexpr, WCAP: tl.constexpr, STW: tl.constexpr):
+        # int32 address of the low word of tile slot i: list i // STW, entry i % STW
+        return cand32_ptr + 2 * (row * CAP + (i // STW) * WCAP + i % STW)
+
+    @triton.jit
+    def _slot_both(cand32_ptr, row, i, mask, CAP: tl.constexpr, WCAP: tl.constexpr, STW: tl.constexpr):
+        # tile slot i's value bits and column, one 8-byte load (two 4-byte ones cost a second
+        # address and load a slot)
+        x = tl.load(cand32_ptr.to(tl.pointer_type(tl.int64)) + (row * CAP + (i // STW) * WCAP + i % STW),
+                    mask=mask, other=0)
+        return x.to(tl.int32), (x >> 32).to(tl.int32)
+
+    @triton.jit
+    def _kth_largest(ptr, n, need, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr, R: tl.constexpr):
+        """The fallback path's select: key (:func:`_skey`) of the ``need``-th largest of
+        ``ptr[0:n]``, and how many keys equal to it are among the ``need``. Radix select,
+        ``RADIX_BITS`` a pass, most significant digit first, on the key's unsigned form (sign
+        bit flipped); ``R = 2 ** RADIX_BITS`` bins."""
+        bins = tl.arange(0, 2 * R)
+        prefix = tl.full((), 0, tl.int32)
+        prefix_mask = tl.full((), 0, tl.int32)
+        digit_mask = tl.full((), R - 1, tl.int32)
+        for p in tl.static_range(32 // RADIX_BITS):
+            shift = 32 - RADIX_BITS * (p + 1)
+            hist = tl.zeros((2 * R,), dtype=tl.int32)
+            for c0 in range(0, n, BLOCK):
+                i = c0 + tl.arange(0, BLOCK)
+                m = i < n
+                u = _skey(tl.load(ptr + i, mask=m, other=0.0)) ^ -2147483648
+                match = m & ((u & prefix_mask) == prefix)
+                # bins R..2R-1 collect what does not match (cheaper than the histogram's mask)
+                hist += tl.histogram(tl.where(match, (u >> shift) & digit_mask, R), 2 * R)
+            hist = tl.where(bins < R, hist, 0)
+            # suffix[d] = keys whose digit is >= d; the wanted key sits in the largest bin
+            # whose suffix still reaches `need`
+            suffix = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+            b = tl.max(tl.where((bins < R) & (suffix >= need), bins, -1), axis=0)
+            need -= tl.sum(tl.where(bins > b, hist, 0), axis=0)
+            prefix = prefix | (b << shift)
+            prefix_mask = prefix_mask | (digit_mask << shift)
+        return prefix ^ -2147483648, need
+
+    @triton.jit
+    def _emit(ptr, n, kth, need, obase, BLOCK: tl.constexpr):
+        """The fallback path's write: the columns of every key of ``ptr[0:n]`` above ``kth``
+        and of the first ``need`` keys equal to it (lowest columns) to ``obase[0:k]``."""
+        taken = tl.full((), 0, tl.int32)
+        eq_seen = tl.full((), 0, tl.int32)
+        for c0 in range(0, n, BLOCK):
+            i = c0 + tl.arange(0, BLOCK)
+            m = i < n
+            key = _skey(tl.load(ptr + i, mask=m, other=0.0))
+            eq = (m & (key == kth)).to(tl.int32)
+            sel = (m & (key > kth)) | ((eq_seen + tl.cumsum(eq, axis=0) <= need) & (eq > 0))
+            pos = taken + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+            tl.store(obase + pos, i, mask=sel)
+            taken += tl.sum(sel.to(tl.int32), axis=0)
+            eq_seen += tl.sum(eq, axis=0)
+
+    @triton.jit
+    def _prime_ahead(base, off, length, STEP: tl.constexpr, DEPTH: tl.constexpr):
+        # the first DEPTH blocks of a pass, in flight before it starts (the unused ones are
+        # placeholders that the loop carries unchanged)
+        a1 = tl.load(base + off, mask=off < length, other=float("-inf"))
+        a2 = a1
+        a3 = a1
+        if DEPTH >= 2:
+            a2 = tl.load(base + off + STEP, mask=off + STEP < length, other=float("-inf"))
+        if DEPTH >= 3:
+            a3 = tl.load(base + off + 2 * STEP, mask=off + 2 * STEP < length, other=float("-inf"))
+        return a1, a2, a3
+
+    @triton.jit
+    def _shift_ahead(base, c, length, a1, a2, a3, STEP: tl.constexpr, DEPTH: tl.constexpr, MASKED: tl.constexpr):
+        # the block at c (loaded DEPTH steps ago) and the blocks still in flight, the newest
+        # being the load of the block DEPTH steps past c (unmasked where the caller knows it
+        # whole: no bound check and no fill value a key)
+        nxt = c + DEPTH * STEP
+        if MASKED:
+            new = tl.load(base + nxt, mask=nxt < length, other=float("-inf"))
+        else:
+            new = tl.load(base + nxt)
+        if DEPTH == 1:
+            return a1, new, a2, a3
+        elif DEPTH == 2:
+            return a1, a2, new, a3
+        else:
+            return a1, a2, a3, new
+
+    @triton.jit
+    def _at_or_above(v, c, tf, tcol):
+        # whether keys v (columns c) reach the threshold (tf, tcol) of _sample_cut (NaNs do)
+        return ~(v < tf) & ~((v == tf) & (c > tcol))
+
+    @triton.jit
+    def _filter_block(v, c, hi, tf, tcol, lists, acc, ctr, WCAP: tl.constexpr, BALLOT: tl.constexpr,
+                      MASKED: tl.constexpr, SHARED: tl.constexpr, CUT: tl.constexpr):
+        """One block of a filtering pass: its keys ``v`` (columns ``c``) at or above ``tf``
+        (a threshold key's float; with ``CUT``, those equal to it only at columns up to
+        ``tcol``) appended to their list after the ``acc`` already there; returns the new
+        ``acc``. ``BALLOT``: 1-D block, ``acc`` each element's warp's list length; else
+        ``[W, BW]`` block, ``acc`` the ``[W]`` lengths. ``SHARED``: one list a row at
+        ``lists`` for every program of the row, slots from the counter ``ctr`` (``acc``
+        unused). Without ``MASKED`` every column is below ``hi``."""
+        if BALLOT and not MASKED:
+            # (floats travel as their bits: the PTX compares them as f32)
+            vb = v.to(tl.int32, bitcast=True)
+            tb = (tf + tl.zeros(v.shape, tl.float32)).to(tl.int32, bitcast=True)
+            room = tl.full(v.shape, WCAP, tl.int32)
+            if SHARED:
+                _shared_append(vb, c, tb, tcol, ctr + tl.zeros(v.shape, tl.int32), lists, room, CUT)
+                return acc
+            else:
+                return _warp_append(vb, c, tb, tcol, acc, lists, room, CUT)
+        if CUT:
+            sel = _at_or_above(v, c, tf, tcol)
+        else:
+            sel = ~(v < tf)
+        if MASKED:
+            sel = sel & (c < hi)
+        s32 = sel.to(tl.int32)
+        if SHARED:
+            # slots in the row's list: one atomic add a block, positions by a scan
+            if BALLOT:
+                pos = tl.cumsum(s32, axis=0) - 1
+                tot = tl.sum(s32, axis=0)
+            else:
+                rs = tl.sum(s32, axis=1)
+                pos = (tl.cumsum(rs, axis=0) - rs)[:, None] + tl.cumsum(s32, axis=1) - 1
+                tot = tl.sum(rs, axis=0)
+            pos += tl.atomic_add(ctr, tot)
+        elif BALLOT:
+            rank, cnt = _warp_ranks(s32)
+            pos = acc + rank
+            acc += cnt
+        else:
+            pos = acc[:, None] + tl.cumsum(s32, axis=1) - 1
+            acc += tl.sum(s32, axis=1)
+        tl.store(lists + pos, _pack(c, v), mask=sel & (pos < WCAP))
+        return acc
+
+    @triton.jit
+    def _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, W: tl.constexpr, BW: tl.constexpr, WCAP: tl.constexpr,
+                     BALLOT: tl.constexpr, DEPTH: tl.constexpr, SHARED: tl.constexpr, CUT: tl.constexpr):
+        """One pass over the columns ``[lo, hi)`` of a row: every key at or above the
+        threshold ``(t, tcol)`` (:func:`_sample_cut`; ``tcol`` read only with ``CUT``) into a
+        list, value bits in the low word, column in the high one. Per-warp lists (``cand + w
+        * WCAP``, lengths to ``cnt_row[0:W]``, counting on past ``WCAP``: then the list
+        overflowed; returns their sum) or, ``SHARED``, the row's one list at ``cand`` with
+        its counter ``cnt_row`` (returns 0). ``DEPTH`` blocks of ``W * BW`` keys are in
+        flight (1-3): each SM needs enough bytes on their way to cover the memory latency.
+        The blocks whose loads all fall inside the range go unmasked (no bound checks or
+        fill values: fewer instructions and registers a block); the last few take the
+        masked loop."""
+        STEP: tl.constexpr = W * BW
+        tf = _key_float(t)
+        wr = tl.arange(0, W)
+        if BALLOT:
+            off = tl.arange(0, STEP)
+            acc = tl.zeros((STEP,), tl.int32)  # each element: its warp's list length
+            if SHARED:
+                lists = cand + tl.zeros((STEP,), tl.int32)
+            else:
+                wid = _warp_id(off)
+                lists = cand + wid * WCAP
+        else:
+            off = wr[:, None] * BW + tl.arange(0, BW)[None, :]
+            acc = tl.zeros((W,), tl.int32)
+            wid = wr
+            if SHARED:
+                lists = cand
+            else:
+                lists = cand + wr[:, None] * WCAP
+        ahead, ahead2, ahead3 = _prime_ahead(base, lo + off, hi, STEP, DEPTH)
+        # blocks before `unmasked_end` are whole and so are those DEPTH past them
+        unmasked_end = lo + ((hi - lo) // STEP - DEPTH) * STEP
+        for c0 in range(lo, unmasked_end, STEP):
+            c = c0 + off
+            # the next blocks' loads go out before this block's stores
+            v, ahead, ahead2, ahead3 = _shift_ahead(base, c, hi, ahead, ahead2, ahead3, STEP, DEPTH, False)
+            acc = _filter_block(v, c, hi, tf, tcol, lists, acc, cnt_row, WCAP, BALLOT, False, SHARED, CUT)
+        for c0 in range(tl.maximum(unmasked_end, lo), hi, STEP):
+            c = c0 + off
+            v, ahead, ahead2, ahead3 = _shift_ahead(base, c, hi, ahead, ahead2, ahead3, STEP, DEPTH, True)
+            acc = _filter_block(v, c, hi, tf, tcol, lists, acc, cnt_row, WCAP, BALLOT, True, SHARED, CUT)
+        total = tl.full((), 0, tl.int32)
+        if not SHARED:
+            tl.store(cnt_row + wid, acc)  # all of a warp's elements agree
+            # the counts were written by other threads of this program; and every thread has
+            # read them before any starts a retry's pass, which rewrites them
+            tl.debug_barrier()
+            total = tl.sum(tl.load(cnt_row + wr), axis=0)
+            tl.debug_barrier()
+        return total
+
+    @triton.jit
+    def _filter_range(base, lo, hi, cand, cnt_row, t, tcol, W: tl.constexpr, BW: tl.constexpr, WCAP: tl.constexpr,
+                      BALLOT: tl.constexpr, DEPTH: tl.constexpr, SHARED: tl.constexpr):
+        # the column cut costs instructions a key: only rows whose threshold has one pay them
+        if tcol == 2147483647:
+            total = _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, W, BW, WCAP, BALLOT, DEPTH, SHARED, False)
+        else:
+            total = _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, W, BW, WCAP, BALLOT, DEPTH, SHARED, True)
+        return total
+
+    @triton.jit
+    def _band_pass(base, lo, hi, cand, ctr, t_lo, tc_lo, t_hi, tc_hi, WCAP: tl.constexpr, BLOCK: tl.constexpr):
+        """Columns ``[lo, hi)`` of a row: the keys at or above the threshold ``(t_lo, tc_lo)``
+        and below ``(t_hi, tc_hi)`` appended to the row's one list ``cand`` (slots from its
+        counter ``ctr``, counting on past ``WCAP``). The retry of a split row, rare: plain
+        Triton, an atomic add a block with keys to place."""
+        tf_lo = _key_float(t_lo)
+        tf_hi = _key_float(t_hi)
+        for c0 in range(lo, hi, BLOCK):
+            c = c0 + tl.arange(0, BLOCK)
+            m = c < hi
+            v = tl.load(base + c, mask=m, other=float("-inf"))
+            sel = m & _at_or_above(v, c, tf_lo, tc_lo) & ~_at_or_above(v, c, tf_hi, tc_hi)
+            s32 = sel.to(tl.int32)
+            tot = tl.sum(s32, axis=0)
+            if tot > 0:
+                pos = tl.atomic_add(ctr, tot) + tl.cumsum(s32, axis=0) - 1
+                tl.store(cand + pos, _pack(c, v), mask=sel & (pos < WCAP))
+
+    @triton.jit
+    def _filter_kernel(
+        logits_ptr, starts_ptr, lengths_ptr, cand_ptr, cand32_ptr, cnt_ptr, thr_ptr, tcol_ptr, thr2_ptr, out_ptr,
+        ctl_ptr, wpos_ptr, stats_ptr, rows, stride_lm, stride_om, sample_min,
+        K: tl.constexpr,
+        W: tl.constexpr,
+        BW: tl.constexpr,
+        WCAP: tl.constexpr,
+        CAP: tl.constexpr,
+        SL: tl.constexpr,
+        NP: tl.constexpr,
+        PIECE: tl.constexpr,
+        SPARSE: tl.constexpr,
+        SIGMAS: tl.constexpr,
+        SLACK: tl.constexpr,
+        LOW_BIT: tl.constexpr,
+        DIRECT: tl.constexpr,
+        BALLOT: tl.constexpr,
+        DEPTH: tl.constexpr,
+        DYNAMIC: tl.constexpr,
+        FUSED: tl.constexpr,
+        KP: tl.constexpr,
+        STW: tl.constexpr,
+        CH: tl.constexpr,
+        BLOCK: tl.constexpr,
+        RADIX_BITS: tl.constexpr,
+        R: tl.constexpr,
+        STATS: tl.constexpr,
+        PRESAMPLE: tl.constexpr,
+        WB: tl.constexpr,
+        RETRY: tl.constexpr,
+        SECOND: tl.constexpr,
+        RETRIES: tl.constexpr,
+    ):
+        """Rows longer than ``DIRECT`` (and at least ``sample_min``): the threshold
+        ``(thr[row], tcol[row])`` (:func:`_sample_cut`) and the keys at or above it in lists
+        of ``WCAP`` slots (value bits in the low word, column in the high one) within the
+        row's ``CAP``. With ``SL == 1`` a program filters a whole row into ``W`` lists, one a
+        warp, ``cnt[row, w]`` keys in list ``w`` (it counts on past ``WCAP``: then the list
+        overflowed). With ``SL > 1`` a row is ``SL`` slices of whole blocks, each a program's
+        (so that a few long rows still keep every SM streaming), all appending to the row's
+        one list by the counter ``cnt[row]`` (zeroed by the sample kernel); the thresholds
+        then come from the sample kernel and there is no retry here. ``FUSED`` (``SL == 1``):
+        the same program then selects the row's top k (:func:`_select_row`, first launch),
+        so that one program's counting steps overlap the other programs' streaming on the
+        SM. ``DYNAMIC``: a program takes its next row (or slice) from the counter ``ctl[0]``
+        (zeroed by the caller), so programs that run end together and programs the SM could
+        not hold at once find no work left; otherwise ``pid, pid + nprog, ...``.
+        ``PRESAMPLE``: the first threshold comes from :func:`_sample_kernel`, so that no
+        program stops streaming for a sample's search; ``SECOND``: so does the rare retry's,
+        deeper (at ``thr2``/``thr2 + rows``), where that kernel's sample is larger than this
+        one's. A whole row's program retries itself; split rows retry in a
+        second launch (``RETRY``, after the first has counted every row): where fewer than
+        ``K`` keys passed, each slice appends the keys between the deeper threshold and the
+        first (the keys above the first are in the list already)."""
+        pid = tl.program_id(0)
+        nprog = tl.num_programs(0)
+        STEP: tl.constexpr = W * BW
+        si = tl.arange(0, NP * PIECE)
+        pp = si // PIECE
+        pj = si % PIECE
+        units = rows * SL
+        if DYNAMIC:
+            unit = tl.atomic_add(ctl_ptr, 1)
+        else:
+            unit = pid
+        while unit < units:
+            row32 = unit // SL
+            row = row32 + tl.zeros((), tl.int64)  # 64-bit offsets (an int under the interpreter)
+            length = tl.load(lengths_ptr + row).to(tl.int32)
+            if _sampled_row(length, sample_min, DIRECT):
+                base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
+                cand = cand_ptr + row * CAP
+                if SL == 1:
+                    sidx, smask, s, spread = _row_sample(length, pp, pj, NP, PIECE, SPARSE)
+                    if PRESAMPLE:
+                        t = tl.load(thr_ptr + row)
+                        tc = tl.load(tcol_ptr + row)
+                    else:
+                        t, tc = _sample_cut(_sample_keys(base, sidx, smask), sidx,
+                                            _run_rank(K, s, length, SIGMAS, PIECE), length, spread, SLACK, LOW_BIT)
+                    total = _filter_range(base, 0, length, cand, cnt_ptr + row * W, t, tc, W, BW, WCAP, BALLOT,
+                                          DEPTH, False)
+                    if total < K:
+                        # too few keys passed (rare): once more, twice as many sigmas deep into
+                        # the sample (read again, so that it is not held in registers through
+                        # the pass)
+                        if RETRIES:
+                            tl.atomic_add(stats_ptr + 4, 1)
+                        if SECOND:
+                            t = tl.load(thr2_ptr + row)
+                            tc = tl.load(thr2_ptr + rows + row)
+                        else:
+                            t, tc = _sample_cut(_sample_keys(base, sidx, smask), sidx,
+                                                _run_rank(K, s, length, 2 * SIGMAS, 2 * PIECE), length, spread, SLACK,
+                                                LOW_BIT)
+                        total = _filter_range(base, 0, length, cand, cnt_ptr + row * W, t, tc, W, BW, WCAP, BALLOT,
+                                              DEPTH, False)
+                    tl.store(thr_ptr + row, t)
+                else:
+                    # slices of whole blocks, so that only a row's last block is masked
+                    per = (length + SL * STEP - 1) // (SL * STEP) * STEP
+                    lo = (unit % SL) * per
+                    hi = tl.minimum(lo + per, length)
+                    # cnt[rows + row]: the row's slices done; the last to finish marks a row
+                    # that needs the retry (SL + 1), so that the retry launch decides on the
+                    # first pass's count, which its own appends then change
+                    done = cnt_ptr + rows + row
+                    if RETRY:
+                        if (lo < hi) & (tl.load(done) > SL):
+                            _band_pass(base, lo, hi, cand, cnt_ptr + row, tl.load(thr2_ptr + row),
+                                       tl.load(thr2_ptr + rows + row), tl.load(thr_ptr + row), tl.load(tcol_ptr + row),
+                                       WCAP, STEP)
+                    else:
+                        if lo < hi:
+                            _filter_range(base, lo, hi, cand, cnt_ptr + row, tl.load(thr_ptr + row),
+                                          tl.load(tcol_ptr + row), W, BW, WCAP, BALLOT, DEPTH, True)
+                        if tl.atomic_add(done, 1) == SL - 1:
+                            if tl.atomic_add(cnt_ptr + row, 0) < K:
+                                tl.store(done, SL + 1)
+                                if RETRIES:
+                                    tl.atomic_add(stats_ptr + 4, 1)
+            if FUSED:
+                # one thread stored the threshold; every thread of the select reads it
+                tl.debug_barrier()
+                _select_row(row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr,
+                            wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW, DIRECT, CH,
+                            BLOCK, RADIX_BITS, R, True, False, STATS, WB)
+                # the next row's candidates and counts are other slots, but the tile's
+                # scratch for reductions is shared: keep the rows apart
+                tl.debug_barrier()
+            if DYNAMIC:
+                unit = tl.atomic_add(ctl_ptr, 1)
+            else:
+                unit += nprog
+
+    @triton.jit
+    def _sampled_row(length, sample_min, DIRECT: tl.constexpr):
+        # whether a row is filtered (and so sampled): longer than the select tile that takes
+        # it whole, and at least sample_min (shorter ones take the fallback path)
+        return (length > DIRECT) & (length >= sample_min)
+
+    @triton.jit
+    def _row_sample(length, pp, pj, NP: tl.constexpr, PIECE: tl.constexpr, SPARSE: tl.constexpr):
+        """A row's sample: runs of ``PIECE`` keys (run ``pp``, key ``pj`` of it), one every
+        ``SPARSE * PIECE`` keys and at most ``NP`` of them, spread evenly over its ``length``
+        keys (the recent end no denser than the rest). Runs of a few sectors read little
+        more than the keys they sample, and many runs leave no stretch of the row unseen (a
+        ramp, a run of recent keys scoring high). Returns the sampled columns, their mask
+        and count, and the spacing of the runs."""
+        runs = tl.minimum(tl.maximum(length // (SPARSE * PIECE), 1), NP)
+        spread = length // runs
+        plen = tl.minimum(spread, PIECE)
+        return pp * spread + pj, (pp < runs) & (pj < plen), runs * plen, spread
+
+    @triton.jit
+    def _sample_kernel(
+        logits_ptr, starts_ptr, lengths_ptr, thr_ptr, tcol_ptr, thr2_ptr, cnt_ptr, wpos_ptr, ctl_ptr, rows, stride_lm,
+        sample_min,
+        K: tl.constexpr,
+        NP: tl.constexpr,
+        PIECE: tl.constexpr,
+        SPARSE: tl.constexpr,
+        SIGMAS: tl.constexpr,
+        SLACK: tl.constexpr,
+        LOW_BIT: tl.constexpr,
+        DIRECT: tl.constexpr,
+        SL: tl.constexpr,
+        SECOND: tl.constexpr,
+    ):
+        """The filter kernel's threshold ``(thr[row], tcol[row])`` of row ``program_id`` (if
+        it filters the row), at its sample's rank (:func:`_run_rank`, :func:`_sample_cut`),
+        and with ``SECOND`` the retry's, twice as many sigmas deep, at ``(thr2[row],
+        thr2[rows + row])`` (a looser search: any key near that rank serves).
+        ``NP`` (runs at most) may exceed the filter's, so that long rows get a sample as large
+        as ``SPARSE`` asks (up to a tile's worth), or be smaller where no row has more runs
+        (:func:`_sample_runs`): the same sample, a smaller tile. It also zeroes the counters
+        the later launches start from, the row's write counter ``wpos[row]``, with ``SL > 1``
+        its list counter ``cnt[row]`` and slices-done counter ``cnt[rows + row]``, and
+        (program 0) ``ctl[0:3]``, so that the call needs no fill launch before it."""
+        row = tl.program_id(0).to(tl.int64)
+        tl.store(wpos_ptr + row, 0)
+        if SL > 1:
+            tl.store(cnt_ptr + row, 0)  # the row's list
+            tl.store(cnt_ptr + rows + row, 0)  # its slices done
+        if row == 0:
+            c = tl.arange(0, 4)
+            tl.store(ctl_ptr + c, tl.zeros((4,), tl.int32), mask=c < 3)
+        length = tl.load(lengths_ptr + row).to(tl.int32)
+        if _sampled_row(length, sample_min, DIRECT):
+            base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
+            si = tl.arange(0, NP * PIECE)
+            sidx, smask, s, spread = _row_sample(length, si // PIECE, si % PIECE, NP, PIECE, SPARSE)
+            skeys = _sample_keys(base, sidx, smask)
+            t, tc = _sample_cut(skeys, sidx, _run_rank(K, s, length, SIGMAS, PIECE), length, spread, SLACK, LOW_BIT)
+            tl.store(thr_ptr + row, t)
+            tl.store(tcol_ptr + row, tc)
+            if SECOND:
+                # the retry's, twice as many sigmas deep (a filter program's own sample of a
+                # long row is too small to place it well: at 2M keys each of its keys stands
+                # for 512), within half its rank and 16 low bits: most searches end early
+                t2, tc2 = _sample_cut(skeys, sidx, _run_rank(K, s, length, 2 * SIGMAS, 2 * PIECE), length, spread,
+                                      0.5, 16)
+                # never above the first: the two searches stop at different slacks, and a split
+                # row's select takes this one as the least of its candidates
+                above = (t2 > t) | ((t2 == t) & (tc2 < tc))
+                tl.store(thr2_ptr + row, tl.where(above, t, t2))
+                tl.store(thr2_ptr + rows + row, tl.where(above, tc, tc2))
+
+    @triton.jit
+    def _defer(ctl_ptr, row):
+        # queue a row for the second select launch: ctl[1] rows queued, at ctl[3:]
+        tl.store(ctl_ptr + 3 + tl.atomic_add(ctl_ptr + 1, 1), row.to(tl.int32))
+
+    @triton.jit
+    def _select_row(
+        row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr,
+        stride_lm, stride_om, sample_min,
+        K: tl.constexpr,
+        KP: tl.constexpr,
+        W: tl.constexpr,
+        WCAP: tl.constexpr,
+        STW: tl.constexpr,
+        DIRECT: tl.constexpr,
+        CH: tl.constexpr,
+        BLOCK: tl.constexpr,
+        RADIX_BITS: tl.constexpr,
+        R: tl.constexpr,
+        FIRST: tl.constexpr,
+        PLAIN: tl.constexpr,
+        STATS: tl.constexpr,
+        WB: tl.constexpr,
+    ):
+        """The top k of one row (its candidates filtered already, if it is longer than
+        ``DIRECT``) with a tile of ``STW`` slots a list. A first launch (``FIRST``) queues
+        (:func:`_defer`) the rows whose lists do not fit the tile, for a later one with a
+        tile as large as the lists; without ``PLAIN`` it leaves the fallback path's rows and
+        rows tied at the k-th key to that launch too (for the fused filter kernel's
+        registers)."""
+        base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
+        obase = out_ptr + row * stride_om
+        CAP: tl.constexpr = W * WCAP
+        T: tl.constexpr = W * STW
+        idx = tl.arange(0, T)
+        if length <= K:
+            kk = tl.arange(0, KP)
+            tl.store(obase + kk, tl.where(kk < length, kk, -1), mask=kk < K)
+            if STATS:
+                tl.atomic_add(stats_ptr + 0, 1)
+        else:
+            direct = length <= DIRECT
+            # 0: select on the tile, 1: fallback path, 2: a later launch
+            path = tl.full((), 0, tl.int32)
+            if direct:
+                keys = tl.where(idx < length, _skey(tl.load(base + idx, mask=idx < length, other=0.0)), -2147483648)
+                lo = tl.min(tl.where(idx < length, keys, 2147483647), axis=0)
+                total = length
+            else:
+                cnt = tl.load(cnt_ptr + row * W + tl.arange(0, W))
+                longest = tl.max(cnt, axis=0)
+                total = tl.sum(cnt, axis=0)
+                path = ((length < sample_min) | (total < K) | (longest > WCAP)).to(tl.int32)
+                path = tl.where((path == 0) & (longest > STW), 2, path)
+                valid = idx % STW < tl.where(path == 0, tl.load(cnt_ptr + row * W + idx // STW), 0)
+                v = tl.load(_slot(cand32_ptr, row, idx, CAP, WCAP, STW), mask=valid, other=0)
+                keys = tl.where(valid, _skey(v.to(tl.float32, bitcast=True)), -2147483648)
+                lo = tl.load(thr_ptr + row)
+            if FIRST:
+                if (path == 2) | ((path == 1) & (not PLAIN)):
+                    _defer(ctl_ptr, row)
+            if path == 0:
+                # every key of the tile is at or above lo (the row's least, or the filter's
+                # threshold): `total` of them
+                kth = _kth_key(keys, K, lo, total, tl.max(keys, axis=0), _BISECT_AFTER, _SPAN)
+                gt = keys > kth
+                eq = keys == kth
+                need = K - tl.sum(gt.to(tl.int32), axis=0)
+                ties = tl.sum(eq.to(tl.int32), axis=0)
+                tied = ties > need
+                go = True
+                if not PLAIN:
+                    # ties at the k-th key (rare) wait for the later launch too: the column
+                    # search's registers would count against the fused filter kernel
+                    go = ties <= need
+                    if tied:
+                        _defer(ctl_ptr, row)
+                if go:
+                    colth = tl.full((), 2147483647, tl.int32)
+                    sel = gt | eq
+                    if tied:
+                        # ties at the k-th key: the `need` lowest columns, found by the same
+                        # search on -column - 1
+                        if direct:
+                            col = idx
+                        else:
+                            col = tl.load(_slot(cand32_ptr, row, idx, CAP, WCAP, STW) + 1, mask=eq, other=0)
+                        colth = -_search(tl.where(eq, -col - 1, -2147483648), need, -length, -1, need, 0) - 1
+                        sel = gt | (eq & (col <= colth))
+                    if CH >= T:
+                        # the write from the tile in registers: one scan (or ballot), and the
+                        # columns of the selected slots only
+                        if direct:
+                            ci = idx
+                        else:
+                            ci = tl.load(_slot(cand32_ptr, row, idx, CAP, WCAP, STW) + 1, mask=sel, other=0)
+                        _write_out(obase, sel, ci, wpos_ptr + row, 0, WB)
+                    else:
+                        # the write re-reads the candidates a chunk at a time, so that the key
+                        # tile is the only large value held in registers (more rows in flight per SM)
+                        taken = tl.full((), 0, tl.int32)
+                        for c0 in range(0, T, CH):
+                            i = c0 + tl.arange(0, CH)
+                            if direct:
+                                m = i < length
+                                key = _skey(tl.load(base + i, mask=m, other=0.0))
+                                ci = i
+                            else:
+                                m = i % STW < tl.load(cnt_ptr + row * W + i // STW)
+                                bits, ci = _slot_both(cand32_ptr, row, i, m, CAP, WCAP, STW)
+                                key = _skey(bits.to(tl.float32, bitcast=True))
+                            take = m & ((key > kth) | ((key == kth) & (ci <= colth)))
+                            taken = _write_out(obase, take, ci, wpos_ptr + row, taken, WB)
+                    if STATS:
+                        tl.atomic_add(stats_ptr + tl.where(direct, 3, 1), 1)
+            elif path == 1:
+                if PLAIN:
+                    kth, need = _kth_largest(base, length, K, BLOCK, RADIX_BITS, R)
+                    _emit(base, length, kth, need, obase, BLOCK)
+                    if STATS:
+                        tl.atomic_add(stats_ptr + 2, 1)
+
+    @triton.jit
+    def _select_kernel(
+        logits_ptr, starts_ptr, lengths_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr,
+        stride_lm, stride_om, sample_min,
+        K: tl.constexpr,
+        KP: tl.constexpr,
+        W: tl.constexpr,
+        WCAP: tl.constexpr,
+        STW: tl.constexpr,
+        DIRECT: tl.constexpr,
+        CH: tl.constexpr,
+        BLOCK: tl.constexpr,
+        RADIX_BITS: tl.constexpr,
+        R: tl.constexpr,
+        FIRST: tl.constexpr,
+        STATS: tl.constexpr,
+        WB: tl.constexpr,
+    ):
+        """``FIRST``: one row a program, every row. Otherwise the rows a first launch queued
+        (``ctl[1]`` of them at ``ctl[3:]``): program ``p`` takes entry ``p``, then pulls
+        more from the counter ``ctl[2]`` (zeroed by the caller); with an empty queue every
+        program leaves after one load."""
+        pid = tl.program_id(0)
+        # two call sites: the first launch as a one-row loop took 31 more registers (ptxas, sm_90a)
+        if FIRST:
+            _select_row(pid.to(tl.int64), tl.load(lengths_ptr + pid).to(tl.int32), logits_ptr, starts_ptr, out_ptr,
+                        cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, K,
+                        KP, W, WCAP, STW, DIRECT, CH, BLOCK, RADIX_BITS, R, True, True, STATS, WB)
+        else:
+            queued = tl.load(ctl_ptr + 1)
+            i = pid
+            while i < queued:
+                row = tl.load(ctl_ptr + 3 + i).to(tl.int64)
+                _select_row(row, tl.load(lengths_ptr + row).to(tl.int32), logits_ptr, starts_ptr, out_ptr, cand32_ptr,
+                            cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W,
+                            WCAP, STW, DIRECT, CH, BLOCK, RADIX_BITS, R, False, True, STATS, WB)
+                i = tl.num_programs(0) + tl.atomic_add(ctl_ptr + 2, 1)
+
+
+    _SAMPLE, _FILTER, _SELECT = Launcher(_sample_kernel), Launcher(_filter_kernel), Launcher(_select_kernel)
+else:
+    _SAMPLE = _FILTER = _SELECT = None

@@ -1,0 +1,83 @@
+"""Inline PTX of the Triton top-k's warp-level steps (NVIDIA only): a warp's ballot ranks,
+its stores at slots taken by one atomic add, and the filter's whole compare-to-store step.
+
+The strings are built here, once, in plain Python; :mod:`.kernels` hands them to
+``tl.inline_asm_elementwise`` as constexprs.
+"""
+
+from __future__ import annotations
+
+
+def _ballot_ranks_ptx(first: int, threshold: int | None = None, cols: int | None = None) -> str:
+    """PTX shared by the ballot helpers: from the four flags ``$first .. $first + 3`` (nonzero:
+    selected; four registers of each lane), ``q0``-``q3`` each selected element's rank among
+    its warp's (lower lanes first, register by register) and ``t`` the warp's count. Declares
+    ``q0``-``q3``, ``t`` and the predicates ``p0``-``p3`` (selected) for the code after it.
+    With ``threshold``, the four operands from ``$first`` are float32 keys instead, selected
+    where not below ``$threshold`` (``~(v < t)``: NaNs too, as the Triton compare). With
+    ``cols`` too, a key equal to the threshold is selected only where its column (``$cols
+    ..``) is at most ``$(threshold + 8)`` (the column cut of a tied threshold)."""
+    if threshold is None:
+        sets = "".join(f"setp.ne.s32 p{j}, ${first + j}, 0;\n" for j in range(4))
+    else:
+        sets = "".join(f"setp.geu.f32 p{j}, ${first + j}, ${threshold};\n" for j in range(4))
+    if cols is not None:
+        # g: equal to the threshold and past its column cut
+        sets += ".reg .pred g0, g1, g2, g3;\n" + "".join(
+            f"setp.gt.s32 g{j}, ${cols + j}, ${threshold + 8};\nsetp.eq.and.f32 g{j}, ${first + j}, ${threshold}, "
+            f"g{j};\nnot.pred g{j}, g{j};\nand.pred p{j}, p{j}, g{j};\n" for j in range(4))
+    votes = "".join(f"vote.sync.ballot.b32 b{j}, p{j}, 0xffffffff;\n" for j in range(4))
+    ranks = "".join(f"and.b32 q{j}, b{j}, lt;\npopc.b32 q{j}, q{j};\n" for j in range(4))
+    counts = "".join(f"popc.b32 b{j}, b{j};\n" for j in range(4))
+    return (".reg .pred p0, p1, p2, p3;\n.reg .b32 b0, b1, b2, b3, lt, q0, q1, q2, q3, t;\n" + sets + votes
+            + "mov.u32 lt, %lanemask_lt;\n" + ranks + counts
+            + "add.u32 q1, q1, b0;\nadd.u32 t, b0, b1;\nadd.u32 q2, q2, t;\nadd.u32 t, t, b2;\n"
+            "add.u32 q3, q3, t;\nadd.u32 t, t, b3;\n")
+
+
+#: :func:`_warp_ranks`'s PTX: the ranks to ``$0``-``$3``, the warp's count to ``$4``-``$7``.
+_WARP_RANKS_PTX = ("{\n" + _ballot_ranks_ptx(8) + "".join(f"mov.u32 ${j}, q{j};\n" for j in range(4))
+                   + "".join(f"mov.u32 ${4 + j}, t;\n" for j in range(4)) + "}\n")
+#: :func:`_warp_store`'s PTX: one lane takes the warp's slots from the counter ``[$12]``, then
+#: each selected element stores its value (``$8``-``$11``) at ``$16 + 4 * slot``.
+_WARP_STORE_PTX = ("{\n" + _ballot_ranks_ptx(4)
+                   + ".reg .pred pl;\n.reg .b32 base, lane;\n.reg .b64 a;\n"
+                   "mov.u32 lane, %laneid;\nsetp.eq.u32 pl, lane, 0;\nsetp.ne.and.u32 pl, t, 0, pl;\n"
+                   "mov.u32 base, 0;\n@pl atom.global.add.u32 base, [$12], t;\n"
+                   "shfl.sync.idx.b32 base, base, 0, 0x1f, 0xffffffff;\n"
+                   + "".join(f"add.u32 q{j}, q{j}, base;\nmul.wide.u32 a, q{j}, 4;\nadd.s64 a, a, $16;\n"
+                             f"@p{j} st.global.b32 [a], ${8 + j};\n" for j in range(4))
+                   + "".join(f"mov.u32 ${j}, 0;\n" for j in range(4)) + "}\n")
+
+
+def _warp_append_ptx(cut: bool) -> str:
+    """:func:`_warp_append`'s PTX: keys ``$4``-``$7`` not below ``$20`` (and, with ``cut``,
+    not equal to it past the column cut ``$28``) go, with their columns ``$8``-``$11``, to
+    the warp's list ``$16`` at ``$12`` (its length) plus their rank, while below ``$24`` (its
+    room); the new length to ``$0``-``$3``. The outputs are written last: the compiler may
+    give an output an input's register (``$1`` was ``$12``'s, so a version writing them one
+    by one from ``$12`` stored every list's length wrong)."""
+    return ("{\n" + _ballot_ranks_ptx(4, threshold=20, cols=8 if cut else None)
+            + ".reg .pred s;\n.reg .b64 a;\n"
+            + "".join(f"add.s32 q{j}, q{j}, $12;\nsetp.lt.and.s32 s, q{j}, $24, p{j};\n"
+                      f"mad.wide.s32 a, q{j}, 8, $16;\n@s st.global.v2.b32 [a], {{${4 + j}, ${8 + j}}};\n"
+                      for j in range(4))
+            # (last, after every read of an input: an output may share an input's register)
+            + "add.s32 t, t, $12;\n" + "".join(f"mov.u32 ${j}, t;\n" for j in range(4)) + "}\n")
+
+
+def _shared_append_ptx(cut: bool) -> str:
+    """:func:`_shared_append`'s PTX: the selected keys of ``$4``-``$7`` (as
+    :func:`_warp_append_ptx`), with their columns ``$8``-``$11``, go to the row's one list
+    ``$16`` at slots taken from its counter ``[$12]`` by one atomic add a warp (lane 0's,
+    shuffled to the others), while below ``$24``; the counter counts on past the room. The
+    outputs are placeholders."""
+    return ("{\n" + _ballot_ranks_ptx(4, threshold=20, cols=8 if cut else None)
+            + ".reg .pred pl, s;\n.reg .b32 base, lane;\n.reg .b64 a;\n"
+            "mov.u32 lane, %laneid;\nsetp.eq.u32 pl, lane, 0;\nsetp.ne.and.u32 pl, t, 0, pl;\n"
+            "mov.u32 base, 0;\n@pl atom.global.add.u32 base, [$12], t;\n"
+            "shfl.sync.idx.b32 base, base, 0, 0x1f, 0xffffffff;\n"
+            + "".join(f"add.s32 q{j}, q{j}, base;\nsetp.lt.and.s32 s, q{j}, $24, p{j};\n"
+                      f"mad.wide.s32 a, q{j}, 8, $16;\n@s st.global.v2.b32 [a], {{${4 + j}, ${8 + j}}};\n"
+                      for j in range(4))
+            + "".join(f"mov.u32 ${j}, 0;\n" for j in range(4)) + "}\n")
