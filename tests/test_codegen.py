@@ -13,6 +13,8 @@ cannot compile them.
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import subprocess
 import sys
@@ -83,15 +85,13 @@ _SAMPLE_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, thr_pt
                    thr2_ptr=_P32, cnt_ptr=_P32, wpos_ptr=_P32, ctl_ptr=_P32, rows=_I, stride_lm=_I, sample_min=_I)
 
 
-def _topk_plan(config: dict, n: int, presample=None, fused=None, slices: int = 1):
+def _topk_plan(config, n: int, presample=None, fused=None, slices: int = 1):
     from indexer.topk.triton import config as TC
 
     # ragged_topk's launches for `config`, topk=2048 over n-key rows (a CPU device stands for
     # the GPU in the plan)
-    cfg = tuple((key, type(value), value) for key, value in config.items())
-    return TC._plan(torch.device("cpu"), cfg, 2048, n, None, None, None, None, None, None, None, fused, None, None,
-                   None, None, None, presample, None, TC.RADIX_BITS, None, TC.PIECE, TC.SPARSE, TC.SIGMAS, None, 8,
-                   TC.SAMPLE_SLACK, True, slices)
+    changes = {key: value for key, value in (("presample", presample), ("fused", fused)) if value is not None}
+    return TC._plan(torch.device("cpu"), dataclasses.replace(config, **changes), 2048, n, slices, True)
 
 
 def _amd_plan(presample: bool, fused: bool, slices: int = 1):
@@ -126,7 +126,7 @@ def _nvidia_topk_kernels(slices: int) -> None:
     # plan, told it is NVIDIA's: ballots, PTX steps and register caps), 1M-key rows
     TC._nvidia = lambda device: True
     _, _, _, sample_kw, filter_kw, retry_kw, selects = _topk_plan(
-        dict(TC.DEFAULT_CONFIG, **TC.TOPK_CONFIGS["sm90"]), 1 << 20, slices=slices)
+        TC.CONFIGS["sm90"], 1 << 20, slices=slices)
     assert filter_kw["BALLOT"] and filter_kw["SL"] == slices
     # the filter's PTX step: warp lists (slices=1) or the row's shared list and its atomic counter
     ptx = ("vote.sync.ballot", "st.global.v2.b32") + (("atom.global.add.u32",) if slices > 1 else ())

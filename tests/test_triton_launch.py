@@ -1,8 +1,10 @@
-"""Direct launches of compiled Triton kernels (``indexer.backends.triton._launch``): the key
+"""Direct launches of compiled Triton kernels (``indexer.topk.triton.launch``): the key
 against Triton's own specialization, the launcher's paths, and on an NVIDIA GPU the top-k
 through them."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import itertools
 
@@ -14,6 +16,13 @@ triton = pytest.importorskip("triton")
 from indexer.topk import row_topk  # noqa: E402
 from indexer.topk.triton import launch as L  # noqa: E402
 from indexer.topk.triton import ragged as T  # noqa: E402
+
+# the sampled path at toy sizes (the sm90 config otherwise, these run on NVIDIA GPUs)
+SMALL = dict(piece=8, sparse=4)
+
+
+def _cfg(**kw):
+    return dataclasses.replace(T.launch_config(torch.device("cuda")), **kw)
 
 
 def _triton_spec(arg):
@@ -247,8 +256,8 @@ def test_topk_through_direct_launches_matches_the_jits_and_torchs():
         outs = []
         for direct in (True, False, True):
             out = torch.full((rows, topk), 7, dtype=torch.int32, device=dev)
-            T.ragged_topk(logits, starts.to(dtype).to(dev), lengths.to(dtype).to(dev), topk, out, piece=8,
-                          sparse=4, sample_min=sample_min, direct_launch=direct)
+            T.ragged_topk(logits, starts.to(dtype).to(dev), lengths.to(dtype).to(dev), topk, out, direct_launch=direct, 
+                          config=_cfg(sample_min=sample_min, **SMALL))
             outs.append(out.cpu().sort(1).values)
         assert torch.equal(outs[0], want.sort(1).values)
         assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
@@ -278,7 +287,7 @@ def test_topk_through_direct_launches_replays_from_a_cuda_graph():
     logits = torch.randn(rows, n, generator=g).to(dev)
     st, ln = starts.to(dev), lengths.to(dev)
     out = torch.full((rows, topk), 7, dtype=torch.int32, device=dev)
-    call = lambda: T.ragged_topk(logits, st, ln, topk, out, piece=8, sparse=4, direct_launch=True)  # noqa: E731
+    call = lambda: T.ragged_topk(logits, st, ln, topk, out, direct_launch=True, config=_cfg(**SMALL))  # noqa: E731
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

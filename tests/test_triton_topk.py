@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -15,6 +17,11 @@ from indexer.topk.triton import kernels as TK  # noqa: E402
 from indexer.synthetic import LOGIT_DISTRIBUTIONS, logits_like  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _cfg(**kw):
+    # the device's launch config with the fields in `kw` changed
+    return dataclasses.replace(TC.launch_config(torch.device(DEVICE)), **kw)
 
 
 def _case(rows, n, topk, seed, quantize=None, pad=0, min_length=0):
@@ -46,7 +53,7 @@ def _case(rows, n, topk, seed, quantize=None, pad=0, min_length=0):
 def test_radix_topk_selects_the_torch_set(rows, n, topk, quantize, block):
     logits, masked, starts, lengths = _case(rows, n, topk, seed=rows * n, quantize=quantize, pad=13)
     got = torch.full((rows, topk), 99999, dtype=torch.int32, device=DEVICE)
-    T.ragged_topk(logits, starts.to(DEVICE), lengths.to(DEVICE), topk, got, block=block)
+    T.ragged_topk(logits, starts.to(DEVICE), lengths.to(DEVICE), topk, got, config=_cfg(block=block))
     want = torch.empty(rows, topk, dtype=torch.int32)
     row_topk(masked, starts, lengths, topk, want)
     got = got.cpu()
@@ -66,7 +73,7 @@ def _check(logits, masked, starts, lengths, topk, **kw):
     buf = torch.full((rows, topk + 5), 99999, dtype=torch.int32, device=DEVICE)
     got = buf[:, :topk]
     stats = torch.zeros(4, dtype=torch.int32, device=DEVICE)
-    T.ragged_topk(logits, starts.to(DEVICE), lengths.to(DEVICE), topk, got, stats=stats, **kw)
+    T.ragged_topk(logits, starts.to(DEVICE), lengths.to(DEVICE), topk, got, stats=stats, config=_cfg(**kw))
     want = torch.empty(rows, topk, dtype=torch.int32)
     row_topk(masked, starts, lengths, topk, want)
     got = got.cpu()
@@ -114,7 +121,7 @@ def _one_row_args(topk):
 def test_bad_radix_bits_is_refused():
     logits = torch.zeros(1, 10, device=DEVICE)
     with pytest.raises(ValueError, match="radix_bits"):
-        T.ragged_topk(logits, *_one_row_args(8), radix_bits=3)
+        T.ragged_topk(logits, *_one_row_args(8), config=_cfg(radix_bits=3))
 
 
 def _unlucky_rows():
@@ -167,7 +174,7 @@ def test_nans_rank_above_everything_like_torch_topk():
     starts = torch.zeros(2, dtype=torch.int64)
     lengths = torch.full((2,), 300, dtype=torch.int64)
     got = torch.empty(2, 10, dtype=torch.int32, device=DEVICE)
-    T.ragged_topk(vals.to(DEVICE), starts.to(DEVICE), lengths.to(DEVICE), 10, got, sample_min=1 << 30)
+    T.ragged_topk(vals.to(DEVICE), starts.to(DEVICE), lengths.to(DEVICE), 10, got, config=_cfg(sample_min=1 << 30))
     got = got.cpu()
     assert {3, 77} <= set(got[0].tolist()) and {5, 200} <= set(got[1].tolist())
 
@@ -189,7 +196,7 @@ def test_nans_rank_above_everything_like_torch_topk():
 def test_bad_launch_options_are_refused(kw, match):
     logits = torch.zeros(1, 10, device=DEVICE)
     with pytest.raises(ValueError, match=match):
-        T.ragged_topk(logits, *_one_row_args(8), **kw)
+        T.ragged_topk(logits, *_one_row_args(8), config=_cfg(**kw))
 
 
 def _unseen(n, lo, count):
@@ -306,8 +313,7 @@ def test_retried_rows_are_counted_with_a_fifth_stats_entry(kw):
     out = torch.empty(6, 16, dtype=torch.int32, device=DEVICE)
     for entries, retried in ((5, 3), (4, None)):
         stats = torch.zeros(entries, dtype=torch.int32, device=DEVICE)
-        T.ragged_topk(vals.to(DEVICE), starts.to(DEVICE), lengths.to(DEVICE), 16, out, stats=stats, cap=4096,
-                      **dict(SMALL_SAMPLE, **kw))
+        T.ragged_topk(vals.to(DEVICE), starts.to(DEVICE), lengths.to(DEVICE), 16, out, stats=stats, config=_cfg(cap=4096, **dict(SMALL_SAMPLE, **kw)))
         stats = stats.cpu().tolist()
         assert sum(stats[:4]) == 6 and stats[TC.STAT_SAMPLED] == 6, stats
         if retried is not None:
@@ -345,10 +351,8 @@ def test_fused_select_keeps_whole_rows_where_rows_would_be_split(monkeypatch):
 
 def _default_plan(topk, n, presample=None, slices=1):
     # _plan for the default config (the CPU's, and AMD's) on a CPU device
-    cfg = tuple((key, type(value), value) for key, value in TC.DEFAULT_CONFIG.items())
-    return TC._plan(torch.device("cpu"), cfg, topk, n, None, None, None, None, None, None, None, None, None, None,
-                   None, None, None, presample, None, TC.RADIX_BITS, None, TC.PIECE, TC.SPARSE, TC.SIGMAS, None, 8,
-                   TC.SAMPLE_SLACK, False, slices)
+    config = dataclasses.replace(TC.DEFAULT_CONFIG, presample=presample)
+    return TC._plan(torch.device("cpu"), config, topk, n, slices, False)
 
 
 def test_split_rows_take_their_threshold_from_the_sample_kernel():
@@ -365,7 +369,7 @@ def test_rows_past_the_filters_sample_take_the_sample_kernel():
     # a config without presample (the default off NVIDIA) still runs the sample kernel for
     # rows longer than the filter's own sample covers at one key in 32 (256 runs of 16 keys:
     # 128K keys), which then gives the retry's threshold too; asked for explicitly, off stays off
-    assert not TC.DEFAULT_CONFIG["presample"]
+    assert not TC.DEFAULT_CONFIG.presample
     _, _, _, sample_kw, filter_kw, _, _ = _default_plan(2048, 1 << 20)
     assert sample_kw is not None and filter_kw["PRESAMPLE"] and filter_kw["SECOND"]
     assert _default_plan(2048, 1 << 17)[3] is None
@@ -447,7 +451,7 @@ def test_rows_of_whole_blocks_and_lists_overflowing_mid_row(prefetch):
     # NVIDIA the PTX step) and then the masked tail; the last two rows' lists overflow inside
     # the unmasked loop (300 large keys where the sample does not look), keep counting, and
     # take the fallback path
-    fb = TC.launch_config(torch.device(DEVICE))["filter_block"]
+    fb = TC.launch_config(torch.device(DEVICE)).filter_block
     whole = fb * (prefetch + 1)
     lens = [whole - 1, whole, whole + 1, 5 * fb - 1, 5 * fb, 5 * fb + 1, 5 * fb + 1, 5 * fb]
     n = 5 * fb + 1
@@ -513,21 +517,21 @@ def test_register_caps_select_the_same_sets():
 def test_register_caps_are_refused_off_nvidia(name):
     logits = torch.zeros(1, 10, device=DEVICE)
     with pytest.raises(ValueError, match=name):
-        T.ragged_topk(logits, *_one_row_args(8), **{name: 64})
+        T.ragged_topk(logits, *_one_row_args(8), config=_cfg(**{name: 64}))
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="on NVIDIA GPUs the ballot write is accepted")
 def test_ballot_write_is_refused_off_nvidia():
     logits = torch.zeros(1, 10, device=DEVICE)
     with pytest.raises(ValueError, match="ballot_write"):
-        T.ragged_topk(logits, *_one_row_args(8), ballot_write=True)
+        T.ragged_topk(logits, *_one_row_args(8), config=_cfg(ballot_write=True))
 
 
 @pytest.mark.parametrize("name", ["presample", "ballot_write"])
 def test_non_bool_switches_are_refused(name):
     logits = torch.zeros(1, 10, device=DEVICE)
     with pytest.raises(ValueError, match=name):
-        T.ragged_topk(logits, *_one_row_args(8), **{name: 1})
+        T.ragged_topk(logits, *_one_row_args(8), config=_cfg(**{name: 1}))
 
 
 @pytest.mark.parametrize("prefetch,filter_block", [(2, 64), (3, 64), (2, None), (3, None)])
@@ -536,8 +540,8 @@ def test_deeper_prefetch_selects_the_torch_set(prefetch, filter_block):
     # some rows are shorter than the prefetch window itself (default filter_block: the
     # ballot path on NVIDIA GPUs)
     logits, masked, starts, lengths = _case(8, 700, 20, seed=21, pad=5, min_length=100)
-    stats = _check(logits, masked, starts, lengths, 20, cap=128, filter_block=filter_block, prefetch=prefetch,
-                   **SMALL_SAMPLE)
+    block = {} if filter_block is None else dict(filter_block=filter_block)
+    stats = _check(logits, masked, starts, lengths, 20, cap=128, prefetch=prefetch, **block, **SMALL_SAMPLE)
     assert stats[TC.STAT_SAMPLED] >= 4, stats
 
 
@@ -565,7 +569,7 @@ def test_nan_and_infinity_ties_at_the_kth_key_go_to_the_lowest_columns():
 def test_cap_below_topk_is_refused():
     logits = torch.zeros(1, 10, device=DEVICE)
     with pytest.raises(ValueError, match="cap"):
-        T.ragged_topk(logits, *_one_row_args(8), cap=4)
+        T.ragged_topk(logits, *_one_row_args(8), config=_cfg(cap=4))
 
 
 def test_topk_choice_default_falls_back_explicit_raises(monkeypatch):
@@ -701,17 +705,17 @@ def test_sample_kernel_tile_holds_the_filters_sample(slices):
     assert (got[0][1][sampled] != 2**31 - 1).any()  # and some rows' cuts
 
 
-def test_a_configs_filter_register_cap_applies_to_the_streaming_filter_only(monkeypatch):
+def test_a_configs_filter_register_cap_applies_to_the_streaming_filter_only():
     # the config's cap is tuned for the filter that only streams; 0 means no cap. On the CPU a
     # cap is refused, which shows where it would apply
     logits, masked, starts, lengths = _case(4, 300, 8, seed=3, pad=1, min_length=50)
-    monkeypatch.setitem(TC.DEFAULT_CONFIG, "filter_maxnreg", 40)
     if DEVICE == "cpu":
         with pytest.raises(ValueError, match="filter_maxnreg"):
             T.ragged_topk(logits, starts.to(DEVICE), lengths.to(DEVICE), 8,
-                          torch.empty(4, 8, dtype=torch.int32, device=DEVICE), presample=True)
+                          torch.empty(4, 8, dtype=torch.int32, device=DEVICE),
+                          config=_cfg(presample=True, streaming_filter_maxnreg=40))
     for kw in (dict(presample=False), dict(presample=True, fused=True), dict(presample=True, filter_maxnreg=0)):
-        _check(logits, masked, starts, lengths, 8, **kw)
+        _check(logits, masked, starts, lengths, 8, streaming_filter_maxnreg=40, **kw)
 
 
 def test_ballot_write_takes_every_launch_whose_chunks_allow_it():
@@ -809,42 +813,38 @@ def test_starts_and_lengths_of_either_width_or_strided(form):
     assert stats[TC.STAT_SAMPLED] >= 5, stats
 
 
-def test_launch_config_changes_reach_a_call_shape_seen_before(monkeypatch):
-    # the checked options are cached per call shape, the launch config included: a config
-    # changed after a call (bench topk --tune installs one) applies to the next same call
+def test_a_changed_config_reaches_a_call_shape_seen_before():
+    # the checked launches are cached per call shape and config: a config changed with
+    # dataclasses.replace after a call is planned afresh (and refused here, on the CPU)
     logits, masked, starts, lengths = _case(4, 300, 8, seed=53, pad=1)
     _check(logits, masked, starts, lengths, 8)
-    key = TC._arch(torch.device(DEVICE)) if DEVICE == "cuda" else None
-    if key is None:
-        monkeypatch.setitem(TC.DEFAULT_CONFIG, "prefetch", 7)
-    else:
-        monkeypatch.setitem(TC.TOPK_CONFIGS, key, dict(TC.TOPK_CONFIGS.get(key, {}), prefetch=7))
-    with pytest.raises(ValueError, match="prefetch"):
-        _check(logits, masked, starts, lengths, 8)
+    _check(logits, masked, starts, lengths, 8, prefetch=3)
+    with pytest.raises(ValueError, match="tile"):
+        _check(logits, masked, starts, lengths, 8, tile=2 * TC.default_cap(8))
 
 
-@pytest.mark.parametrize("where", ["argument", "config"])
+def test_configs_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        TC.DEFAULT_CONFIG.prefetch = 2
+    with pytest.raises(TypeError):
+        TC.CONFIGS["sm90"] = TC.DEFAULT_CONFIG
+
+
+@pytest.mark.parametrize("field,bad", [("prefetch", 2.0), ("num_warps", True), ("slices", 2.0), ("fused", 1)])
+def test_a_config_with_a_value_of_the_wrong_type_cannot_be_made(field, bad):
+    with pytest.raises(ValueError, match=field):
+        dataclasses.replace(TC.DEFAULT_CONFIG, **{field: bad})
+
+
 @pytest.mark.parametrize("bad", [2.0, True])
-def test_a_float_or_bool_option_is_refused_after_its_int_twin_ran(bad, where, monkeypatch):
-    # the per-call-shape cache of checked options must not take 2.0 or True for 2 or 1,
-    # given as an argument or in the launch config
+def test_a_float_or_bool_option_is_refused_after_its_int_twin_ran(bad):
+    # the per-call-shape cache must not take 2.0 or True for 2 or 1: such a config cannot
+    # be made
     logits, masked, starts, lengths = _case(4, 300, 8, seed=55, pad=1)
     good = 1 if bad is True else 2
-    config = TC.DEFAULT_CONFIG
-    if DEVICE == "cuda":
-        key = TC._arch(torch.device(DEVICE))
-        monkeypatch.setitem(TC.TOPK_CONFIGS, key, dict(TC.TOPK_CONFIGS.get(key, {})))
-        config = TC.TOPK_CONFIGS[key]
-    if where == "argument":
-        _check(logits, masked, starts, lengths, 8, prefetch=good)
-        with pytest.raises(ValueError, match="prefetch"):
-            _check(logits, masked, starts, lengths, 8, prefetch=bad)
-    else:
-        monkeypatch.setitem(config, "prefetch", good)
-        _check(logits, masked, starts, lengths, 8)
-        monkeypatch.setitem(config, "prefetch", bad)
-        with pytest.raises(ValueError, match="prefetch"):
-            _check(logits, masked, starts, lengths, 8)
+    _check(logits, masked, starts, lengths, 8, prefetch=good)
+    with pytest.raises(ValueError, match="prefetch"):
+        _check(logits, masked, starts, lengths, 8, prefetch=bad)
 
 
 @triton.jit

@@ -34,12 +34,12 @@ peak of temporary memory and whether its sets equal the unfused Triton path's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 
 import torch
 
-from .. import plan_cache
 from .timing import graph_ms, host_ms, int_list, median_ms, queued_median_ms, table
 
 
@@ -67,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, help="write the rows as JSON here")
     p.add_argument("--tune", action="store_true",
                    help="first time the Triton kernel's launch configs on the largest --context, print them, and use "
-                        "the fastest for the rest of this run (commit it to TOPK_CONFIGS in topk/triton/ragged.py to keep it)")
+                        "the fastest for this run's own Triton top-k rows (put it in CONFIGS in indexer/topk/triton/config.py to keep it)")
     p.add_argument("--tune-warps", default="4,8", help="filter kernel warps (filter_block = 128 x warps)")
     p.add_argument("--tune-per-sm", default="4,8")
     p.add_argument("--tune-select-warps", default="4,8")
@@ -168,13 +168,15 @@ def run(args: argparse.Namespace) -> int:
             from ..topk.triton import STAT_PLAIN, STAT_SAMPLED, ragged_topk
 
             stats = torch.zeros(4, dtype=torch.int32, device=device)
-            ragged_topk(logits, starts, lengths, k, out, stats=stats)
+            ragged_topk(logits, starts, lengths, k, out, config=tuned, stats=stats)
             sampled, plain = stats[STAT_SAMPLED].item(), stats[STAT_PLAIN].item()
-            add("triton", lambda: ragged_topk(logits, starts, lengths, k, out), out,
+            add("triton" + (" (tuned config)" if tuned else ""),
+                lambda: ragged_topk(logits, starts, lengths, k, out, config=tuned), out,
                 f"{sampled / m:.1%} rows sampled, {plain} plain", host=True)
             if device.type == "cuda" and torch.version.hip is None:
                 # side by side: every launch through Triton's JIT dispatch (the host's share)
-                add("triton, JIT launches", lambda: ragged_topk(logits, starts, lengths, k, out, direct_launch=False),
+                add("triton, JIT launches", lambda: ragged_topk(logits, starts, lengths, k, out, config=tuned,
+                                                                 direct_launch=False),
                     out, host=True)
         if fi is not None:
             for tie_break, label in ((1, "flashinfer"), (0, "flashinfer any-tie")):
@@ -206,7 +208,8 @@ def run(args: argparse.Namespace) -> int:
     fused = _fused(args, device) if args.fused else []
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(copy_bytes_per_ms=bw, tuned=tuned, topk=rows, e2e=e2e, fused=fused), f, indent=1)
+            json.dump(dict(copy_bytes_per_ms=bw, tuned=tuned and dataclasses.asdict(tuned), topk=rows, e2e=e2e,
+                           fused=fused), f, indent=1)
     return 0
 
 
@@ -289,13 +292,15 @@ def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float
     stats = torch.zeros(5, dtype=torch.int32, device=device)
     T.ragged_topk(logits, starts, lengths, k, out, stats=stats)
     s = stats.tolist()
-    slices = TC.auto_slices(device, m, n, TC.launch_config(device)["programs_per_sm"])
+    slices = TC.auto_slices(device, m, n, TC.launch_config(device).programs_per_sm)
     note = (f"sampled {s[TC.STAT_SAMPLED] / m:.0%}, plain {s[TC.STAT_PLAIN]}, whole-row {s[TC.STAT_DIRECT]}, "
             f"retried {s[TC.STAT_RETRIED]}"
             + (f"; {slices} programs a row" if slices > 1 else ""))
     found = [add("triton", lambda: T.ragged_topk(logits, starts, lengths, k, out), note)]
+    whole = dataclasses.replace(TC.launch_config(device), slices=1)
     if slices > 1:
-        found.append(add("triton, whole rows", lambda: T.ragged_topk(logits, starts, lengths, k, out, slices=1)))
+        found.append(add("triton, whole rows", lambda: T.ragged_topk(logits, starts, lengths, k, out,
+                                                                              config=whole)))
     for label, fn in (extra or {}).items():
         found.append(add(label, lambda fn=fn: fn(logits, starts, lengths, k, out)))
     for r in [torch_row, *found]:
@@ -326,9 +331,9 @@ def _late_chunk_logits(args: argparse.Namespace, device: torch.device, n: int):
     return problem, backend, backend.logits(problem, inputs, chunk)
 
 
-def _tune(args: argparse.Namespace, device: torch.device) -> dict:
-    """Time the Triton top-k's launch configs side by side on the largest context; install
-    the fastest in ``TOPK_CONFIGS`` for this process and return it."""
+def _tune(args: argparse.Namespace, device: torch.device):
+    """Time the Triton top-k's launch configs side by side on the largest context and return
+    the fastest that selected the torch path's sets (a :class:`TopkConfig`)."""
     from ..topk import row_topk
     from ..topk.triton import ragged as T
     from ..topk.triton import config as TC
@@ -357,13 +362,22 @@ def _tune(args: argparse.Namespace, device: torch.device) -> dict:
             if not (fr and (f or not ps))]
     # the config in use is always a candidate: a grid that misses it cannot install a slower one
     config = TC.launch_config(device)
-    current = {key: (config[key] or 0) if key.endswith("maxnreg") else config[key] for key in grid[0]} if grid else {}
+    as_row = dict(config.__dict__, filter_maxnreg=config.streaming_filter_maxnreg or 0,
+                  select_maxnreg=config.select_maxnreg or 0, presample=bool(config.presample))
+    current = {key: as_row[key] for key in grid[0]} if grid else {}
     if current and current not in grid:
         grid.append(current)
+
+    def to_config(cfg: dict):
+        # a grid row's filter cap is the cap of the filter that only streams, as in CONFIGS
+        fields = dict(cfg, streaming_filter_maxnreg=cfg["filter_maxnreg"] or None, filter_maxnreg=None,
+                      select_maxnreg=cfg["select_maxnreg"] or None)
+        return dataclasses.replace(config, **fields)
+
     for cfg in grid:
         # device time: the host's launch time is the same for every config
-        ms = queued_median_ms(lambda: T.ragged_topk(logits, starts, lengths, args.topk, out, **cfg), device,
-                              warmup=1, repeats=args.repeats)
+        ms = queued_median_ms(lambda: T.ragged_topk(logits, starts, lengths, args.topk, out, config=to_config(cfg)),
+                              device, warmup=1, repeats=args.repeats)
         rows.append(dict(cfg, ms=ms, same=_same(out, ref)))
     # only a config that selected the torch path's sets can be the best
     rows.sort(key=lambda r: (r["same"] < 1.0, r["ms"]))
@@ -375,10 +389,9 @@ def _tune(args: argparse.Namespace, device: torch.device) -> dict:
                        ("select_maxnreg", "select regs", "d"), ("dynamic", "dynamic", "d"),
                        ("presample", "presample", "d"), ("ballot_write", "ballot write", "d"), ("ms", "ms", ".3f"),
                        ("same", "same set", ".1%")]))
-    best = {key: value for key, value in rows[0].items() if key not in ("ms", "same")}  # the grid's config
-    TC.TOPK_CONFIGS[TC._arch(device)] = best
-    plan_cache.clear()  # plans made before hold the old config's launches
-    print(f"best: TOPK_CONFIGS[{TC._arch(device)!r}] = {best} (used for the rest of this run)")
+    best = to_config({key: value for key, value in rows[0].items() if key not in ("ms", "same")})
+    print(f"best for {TC._arch(device)}: {best} (used by this run's own Triton top-k rows; prefill_topk keeps "
+          "CONFIGS)")
     return best
 
 

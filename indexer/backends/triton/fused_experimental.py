@@ -262,11 +262,11 @@ def logits_topk(
     stats_arg = stats if stats is not None else sel_len
     # DIRECT=topk: no row is selected on its logits (there are none); BLOCK: the plain
     # path's, never taken here
-    common = TC._select_common(topk, lists, cap, topk, TC.DEFAULT_CONFIG["block"], TC.RADIX_BITS, stats is not None)
+    common = TC._select_common(topk, lists, cap, topk, TC.DEFAULT_CONFIG.block, TC.RADIX_BITS, stats is not None)
     with K.device_guard(q):
         # logits: a float32 placeholder, never read
         selects = TC._select_launches(common, tile, cap, select_warps,
-                                     ballot_write=TC._nvidia(device) and TC.launch_config(device)["ballot_write"] is True)
+                                     ballot_write=TC._nvidia(device) and TC.launch_config(device).ballot_write)
         T._run_selects(device, m, selects, thr.view(torch.float32), starts, sel_len, out, cand32, counts, thr, ctl,
                        wpos, stats_arg, 0, 0)
     del cand32, scratch, counts, ctl, wpos, thr  # free before the fallback's logits

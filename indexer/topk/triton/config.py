@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import functools
 import numbers
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
 
 import torch
 
+from ...platform import _arch_from_torch
 from .launch import LaunchKw
 
 #: Shape of the sampled path (see the module docstring): runs of ``PIECE`` keys (64 bytes, a
@@ -45,44 +49,189 @@ MAX_SLICES, SLICE_MIN = 64, 16384
 STAT_SHORT, STAT_SAMPLED, STAT_PLAIN, STAT_DIRECT, STAT_RETRIED = 0, 1, 2, 3, 4
 
 
-#: Launch config per GPU architecture (``sm90``, ``gfx942``...); architectures not listed
-#: take :data:`DEFAULT_CONFIG`. Unlike the logits kernel's configs these may differ by chunk:
-#: the selected set does not depend on them.
-DEFAULT_CONFIG = dict(num_warps=4, filter_block=512, programs_per_sm=8, select_warps=4, block=512, fused=False,
-                      prefetch=1, tile_write=False, filter_maxnreg=None, select_maxnreg=None, dynamic=False,
-                      presample=False, ballot_write=False)
-TOPK_CONFIGS: dict[str, dict] = {
+def _int(x) -> bool:
+    # an integer (numpy's included), not a bool
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+@dataclass(frozen=True)
+class TopkConfig:
+    """How the Triton top-k launches and samples; any config selects the same set per row.
+
+    Made once, never changed: take :func:`launch_config`'s for a device and change fields
+    with :func:`dataclasses.replace`. A field that cannot be valid on any device raises
+    ``ValueError`` naming it when the config is made; what depends on the device or the call
+    (``ballot`` and register caps off NVIDIA, ``cap`` below ``topk``) when it is planned.
+
+    Attributes:
+        num_warps: Warps of the filter kernel, also its number of candidate lists a row.
+        filter_block: Keys per step of the filtering pass (a power of two, a multiple of
+            ``num_warps``); ``128 * num_warps`` lets NVIDIA GPUs use the ballot.
+        programs_per_sm: Filter programs per SM (its grid is persistent).
+        select_warps: Warps of the select kernel's first launch.
+        block: Keys per step of the fallback path's passes (a power of two).
+        fused: Select each row in the filter kernel right after filtering it.
+        prefetch: Blocks of ``filter_block`` keys each filter program has in flight (1-3).
+        tile_write: The first select writes the indices from the key tile in registers
+            (one scan; more registers) instead of re-reading the candidates 1024 at a time.
+        dynamic: Filter programs take rows from a shared counter rather than every
+            ``nprog``-th row.
+        presample: The thresholds come from a sample kernel of their own before the filter,
+            which then only streams. ``None``: only where rows outgrow the filter's own
+            sample (``pieces`` runs).
+        ballot_write: The select places the indices by warp ballots and one atomic add per
+            warp on a per-row counter instead of a block-wide scan (NVIDIA only).
+        streaming_filter_maxnreg: Register cap of a filter that only streams (``presample``
+            and not ``fused``): an architecture's tuned value; ``None``: no cap.
+        filter_maxnreg: Register cap of the filter whatever it does (NVIDIA only; ``0``: no
+            cap). ``None``: ``streaming_filter_maxnreg`` where it applies.
+        select_maxnreg: Register cap of the first select launch (NVIDIA only; ``0`` or
+            ``None``: no cap).
+        tile: Candidate slots of the first select launch (a power of two, ``num_warps`` to
+            ``cap``); rows up to this long are selected on the row itself. ``None``: ``2 *
+            topk`` rounded up to a power of two.
+        ballot: Place candidates with the PTX ballot. ``None``: where it can run.
+        cap: Candidate slots per row (``8 * cap`` bytes of scratch). ``None``: ``max(CAP, 4 *
+            topk)`` as a power of two.
+        slices: Programs filtering each row (a power of two up to :data:`MAX_SLICES`), for
+            few long rows (implies ``presample``, excludes ``fused``). ``None``:
+            :func:`auto_slices`.
+        radix_bits: Bits of the key resolved per pass of the fallback path (1, 2, 4 or 8).
+        pieces, piece, sparse, sigmas: The sample: runs of ``piece`` keys, one key in
+            ``sparse`` sampled, at most ``pieces`` runs in the filter kernel's own sample, its
+            threshold ``sigmas`` standard deviations deep.
+        sample_max: Keys at most in the sample kernel's sample (a power of two, at least
+            ``piece``).
+        sample_low_bit: Bits of the sample threshold's key left 0 (0-24): fewer counting
+            steps for a slightly lower, still safe, threshold.
+        sample_slack: The threshold's search ends once at most ``rank * (1 + sample_slack)``
+            sampled keys reach it (0 to 64).
+        sample_min: Rows longer than ``tile`` but shorter than this take the fallback path
+            (for tests).
+    """
+
+    num_warps: int = 4
+    filter_block: int = 512
+    programs_per_sm: int = 8
+    select_warps: int = 4
+    block: int = 512
+    fused: bool = False
+    prefetch: int = 1
+    tile_write: bool = False
+    dynamic: bool = False
+    presample: bool | None = None
+    ballot_write: bool = False
+    streaming_filter_maxnreg: int | None = None
+    filter_maxnreg: int | None = None
+    select_maxnreg: int | None = None
+    tile: int | None = None
+    ballot: bool | None = None
+    cap: int | None = None
+    slices: int | None = None
+    radix_bits: int = RADIX_BITS
+    pieces: int = PIECES
+    piece: int = PIECE
+    sparse: int = SPARSE
+    sigmas: float = SIGMAS
+    sample_max: int = SAMPLE_MAX
+    sample_low_bit: int = 8
+    sample_slack: float = SAMPLE_SLACK
+    sample_min: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("fused", "tile_write", "dynamic", "ballot_write"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        for name in ("presample", "ballot"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{name} must be True, False or None, got {value!r}")
+        for name in ("num_warps", "filter_block", "select_warps", "block", "pieces", "piece", "sample_max"):
+            value = getattr(self, name)
+            if not (_int(value) and _pow2(value)):
+                raise ValueError(f"{name} must be a power of two, got {value!r}")
+        for name in ("tile", "cap"):
+            value = getattr(self, name)
+            if value is not None and not (_int(value) and _pow2(value)):
+                raise ValueError(f"{name} must be None or a power of two, got {value!r}")
+        for name in ("sparse", "programs_per_sm"):
+            value = getattr(self, name)
+            if not (_int(value) and value >= 1):
+                raise ValueError(f"{name} must be an int of at least 1, got {value!r}")
+        if not (_int(self.sample_min) and self.sample_min >= 0):
+            raise ValueError(f"sample_min must be an int >= 0, got {self.sample_min!r}")
+        if self.slices is not None and not (_int(self.slices) and _pow2(self.slices) and self.slices <= MAX_SLICES):
+            raise ValueError(f"slices must be None or a power of two in 1-{MAX_SLICES}, got {self.slices!r}")
+        if self.fused and self.slices is not None and self.slices > 1:
+            raise ValueError("fused=True needs slices=1 (a split row's select cannot run in one filter program)")
+        if self.radix_bits not in (1, 2, 4, 8) or not _int(self.radix_bits):
+            raise ValueError(f"radix_bits must be 1, 2, 4 or 8, got {self.radix_bits!r}")
+        for name in ("streaming_filter_maxnreg", "filter_maxnreg", "select_maxnreg"):
+            value = getattr(self, name)
+            if value is not None and not (_int(value) and (value == 0 or 24 <= value <= 255)):
+                raise ValueError(f"{name} must be None, 0 (no cap) or an int in 24-255; got {value!r}")
+        if not (_int(self.prefetch) and self.prefetch in (1, 2, 3)):
+            raise ValueError(f"prefetch must be 1, 2 or 3, got {self.prefetch!r}")
+        if not (_int(self.sample_low_bit) and 0 <= self.sample_low_bit <= 24):
+            raise ValueError(f"sample_low_bit must be an int in [0, 24], got {self.sample_low_bit!r}")
+        # (at most 64: the search's stop, rank * (1 + slack), must fit an int32 for samples
+        # of up to 2**20 keys)
+        if not (isinstance(self.sample_slack, numbers.Real) and 0 <= self.sample_slack <= 64):
+            raise ValueError(f"sample_slack must be in [0, 64], got {self.sample_slack!r}")
+        if not (isinstance(self.sigmas, numbers.Real) and self.sigmas > 0):
+            raise ValueError(f"sigmas must be positive, got {self.sigmas!r}")
+        if self.sample_max < self.piece:
+            raise ValueError(f"sample_max={self.sample_max} must be at least piece={self.piece}")
+        # Triton tiles hold at most 2**20 elements
+        for name, value in (("pieces * piece", self.pieces * self.piece), ("filter_block", self.filter_block),
+                            ("block", self.block), ("sample_max", self.sample_max)):
+            if value > 1 << 20:
+                raise ValueError(f"{name} must be at most 2**20, got {value}")
+        if self.num_warps > self.filter_block:
+            raise ValueError(f"need num_warps <= filter_block; got num_warps={self.num_warps}, "
+                             f"filter_block={self.filter_block}")
+
+
+#: Launch config off the architectures of :data:`CONFIGS` (and on the CPU).
+DEFAULT_CONFIG = TopkConfig()
+#: Launch config per GPU architecture (``sm90``, ``gfx942``...). Unlike the logits kernel's
+#: configs these may differ by chunk: the selected set does not depend on them.
+CONFIGS: Mapping[str, TopkConfig] = MappingProxyType({
     # H200, M=8192 late chunk, N=64K-256K, topk=2048 (docs/benchmarks.md)
-    # (filter_maxnreg applies to the filter that only streams: presample and not fused; at 32
+    # (the filter's cap applies to a filter that only streams: presample and not fused; at 32
     # registers the SM holds 64 warps of it and the PTX filter step's loops keep out of the
     # spills; at 8 warps Triton's step spilled there and ran 17-27% slower. 4 warps and 16
-    # programs an SM beat 8 and 8 by 3% at 64K-256K. select_maxnreg caps
-    # the first select launch: at 80 registers more of its programs fit an SM, 201 -> 184 us
-    # at 64K and 128K; 72-104 within 1% of it at 256K)
-    "sm90": dict(num_warps=4, filter_block=512, programs_per_sm=16, select_warps=4, prefetch=2, dynamic=True,
-                 presample=True, ballot_write=True, filter_maxnreg=32, select_maxnreg=80),
-}
+    # programs per SM beat 8 and 8 by 3% at 64K-256K. select_maxnreg caps the first select
+    # launch: at 80 registers more of its programs fit an SM, 201 -> 184 us at 64K and 128K;
+    # 72-104 within 1% of it at 256K)
+    "sm90": TopkConfig(num_warps=4, filter_block=512, programs_per_sm=16, select_warps=4, prefetch=2, dynamic=True,
+                       presample=True, ballot_write=True, streaming_filter_maxnreg=32, select_maxnreg=80),
+})
 
 
 @functools.lru_cache(maxsize=None)
 def _arch(device: torch.device) -> str:
-    props = torch.cuda.get_device_properties(device)
-    arch = getattr(props, "gcnArchName", "") or ""
-    return arch.split(":")[0] if arch.startswith("gfx") else f"sm{props.major}{props.minor}"
+    return _arch_from_torch(device.index if device.index is not None else torch.cuda.current_device())[0]
 
 
-def launch_config(device: torch.device) -> dict:
-    """The launch config :func:`ragged_topk` uses on ``device`` (CPU: the default)."""
+def launch_config(device: torch.device) -> TopkConfig:
+    """The config :func:`~.ragged.ragged_topk` uses on ``device`` by default (CPU: the
+    default one)."""
     if device.type != "cuda":
-        return dict(DEFAULT_CONFIG)
-    return dict(DEFAULT_CONFIG, **TOPK_CONFIGS.get(_arch(device), {}))
+        return DEFAULT_CONFIG
+    return CONFIGS.get(_arch(device), DEFAULT_CONFIG)
 
 
 def _next_pow2(x: int) -> int:
-    return 1 << max(0, (int(x) - 1).bit_length())
+    return 1 << max(0, (x - 1).bit_length())
 
 
 def default_cap(topk: int) -> int:
+
     """Candidate slots a row: ``max(CAP, 4 * topk)``, a power of two."""
     return _next_pow2(max(CAP, 4 * topk))
 
@@ -104,15 +253,6 @@ def auto_slices(device: torch.device, rows: int, n: int, programs_per_sm: int) -
         return 1
     want = min(_sm_count(device) * programs_per_sm // 2 // rows, n // SLICE_MIN, MAX_SLICES)
     return 1 << (want.bit_length() - 1) if want >= 2 else 1
-
-
-def _int(x) -> bool:
-    # an integer (numpy's included), not a bool
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _pow2(x: int) -> bool:
-    return x > 0 and x & (x - 1) == 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -151,127 +291,83 @@ def _write_chunk(slots: int, warps: int, tile_write: bool, ballot_write: bool) -
     return chunk, ballot_write and chunk % (128 * warps) == 0
 
 
-# typed: 2 and 2.0, 1 and True are different keys (a float or bool option must still be refused)
-@functools.lru_cache(maxsize=256, typed=True)
-def _plan(device: torch.device, cfg: tuple, topk: int, n: int, block, filter_block, num_warps, programs_per_sm,
-          select_warps, tile, ballot, fused, prefetch, tile_write, filter_maxnreg, select_maxnreg, dynamic,
-          presample, ballot_write, radix_bits, pieces, piece, sparse, sigmas, cap, sample_low_bit, sample_slack,
-          has_stats, slices=1, sample_max=SAMPLE_MAX, count_retries=False) -> tuple:
-    """:func:`ragged_topk`'s options (``cfg``: :func:`launch_config`'s items as (key, type,
-    value), so that a config value of 2.0 or True is not taken for 2 or 1) checked and
-    turned into its launches' arguments, once per distinct call shape: ``(programs_per_sm,
+@functools.lru_cache(maxsize=256)
+def _plan(device: torch.device, config: TopkConfig, topk: int, n: int, slices: int, has_stats: bool,
+          count_retries: bool = False) -> tuple:
+    """``config`` on ``device`` for rows of at most ``n`` keys and ``slices`` programs a row,
+    checked against the device and the call and turned into the launches' arguments, once
+    per distinct call shape (a frozen config is its own cache key): ``(programs_per_sm,
     num_warps, cap, sample kernel keywords or None, filter kernel keywords, the split rows'
     retry launch's keywords or None, ((first, select kernel keywords), ...))``.
 
     Raises:
-        ValueError: an option out of range, named.
+        ValueError: a field the device or the call rules out, named.
     """
-    cfg = {key: value for key, _, value in cfg}
-    block = cfg["block"] if block is None else block
-    filter_block = cfg["filter_block"] if filter_block is None else filter_block
-    num_warps = cfg["num_warps"] if num_warps is None else num_warps
-    programs_per_sm = cfg["programs_per_sm"] if programs_per_sm is None else programs_per_sm
-    select_warps = cfg["select_warps"] if select_warps is None else select_warps
-    fused = cfg["fused"] if fused is None else fused
-    prefetch = cfg["prefetch"] if prefetch is None else prefetch
-    tile_write = cfg["tile_write"] if tile_write is None else tile_write
-    select_maxnreg = cfg["select_maxnreg"] if select_maxnreg is None else select_maxnreg
-    dynamic = cfg["dynamic"] if dynamic is None else dynamic
-    presample_given = presample is not None
-    presample = cfg["presample"] if presample is None else presample
-    ballot_write = cfg["ballot_write"] if ballot_write is None else ballot_write
-    if not (_int(slices) and _pow2(slices) and slices <= MAX_SLICES):
-        raise ValueError(f"slices must be a power of two in 1-{MAX_SLICES}, got {slices!r}")
+    c = config
+    num_warps, filter_block, piece = c.num_warps, c.filter_block, c.piece
+    presample, fused = c.presample, c.fused
     if slices > 1:
         # a split row's programs share one threshold, from the sample kernel, and no program
         # sees the whole row to select it
         if fused:
             raise ValueError("fused=True needs slices=1 (a split row's select cannot run in one filter program)")
         presample = True
+    filter_maxnreg = c.filter_maxnreg
     if filter_maxnreg is None:
-        # a config's cap is tuned for the filter that only streams: the sample's search
-        # (presample off) or the select (fused) under it spill in their loops
-        filter_maxnreg = cfg["filter_maxnreg"] if presample and not fused else None
-    cap = default_cap(topk) if cap is None else cap
-    tile = min(max(_next_pow2(2 * topk), num_warps), cap) if tile is None else tile
-    pieces = PIECES if pieces is None else pieces
-    if radix_bits not in (1, 2, 4, 8):
-        raise ValueError(f"radix_bits must be 1, 2, 4 or 8, got {radix_bits}")
-    for name, value in (("block", block), ("filter_block", filter_block), ("num_warps", num_warps),
-                        ("select_warps", select_warps), ("cap", cap), ("tile", tile), ("pieces", pieces),
-                        ("piece", piece), ("sample_max", sample_max)):
-        if not _pow2(value):
-            raise ValueError(f"{name} must be a power of two, got {value}")
-    for name, value in (("sparse", sparse), ("programs_per_sm", programs_per_sm)):
-        if value < 1:
-            raise ValueError(f"{name} must be at least 1, got {value}")
-    for name, value in (("filter_maxnreg", filter_maxnreg), ("select_maxnreg", select_maxnreg)):
-        if value is not None and not (_int(value) and (value == 0 or (_nvidia(device) and 24 <= value <= 255))):
+        # the tuned cap is for the filter that only streams: the sample's search (presample
+        # off) or the select (fused) under it spill in their loops
+        filter_maxnreg = c.streaming_filter_maxnreg if presample and not fused else None
+    cap = default_cap(topk) if c.cap is None else c.cap
+    tile = min(max(_next_pow2(2 * topk), num_warps), cap) if c.tile is None else c.tile
+    for name, value in (("filter_maxnreg", filter_maxnreg), ("select_maxnreg", c.select_maxnreg)):
+        if value and not _nvidia(device):
             raise ValueError(f"{name} must be None, 0 (no cap) or, on an NVIDIA GPU, an int in 24-255; got {value!r} "
                              f"on {device}")
-    if not (_int(prefetch) and prefetch in (1, 2, 3)):
-        raise ValueError(f"prefetch must be 1, 2 or 3, got {prefetch!r}")
-    if not 0 <= sample_low_bit <= 24:
-        raise ValueError(f"sample_low_bit must be in [0, 24], got {sample_low_bit}")
-    # (at most 64: the search's stop, rank * (1 + slack), must fit an int32 for samples
-    # of up to 2**20 keys)
-    if not 0 <= sample_slack <= 64:
-        raise ValueError(f"sample_slack must be in [0, 64], got {sample_slack}")
-    if not sigmas > 0:
-        raise ValueError(f"sigmas must be positive, got {sigmas}")
     if cap < topk:
         raise ValueError(f"cap={cap} must be at least topk={topk}")
-    # Triton tiles hold at most 2**20 elements (the second select launch's is `cap`)
-    if sample_max < piece:
-        raise ValueError(f"sample_max={sample_max} must be at least piece={piece}")
-    for name, value in (("cap", cap), ("pieces * piece", pieces * piece), ("filter_block", filter_block),
-                        ("block", block), ("sample_max", sample_max)):
-        if value > 1 << 20:
-            raise ValueError(f"{name} must be at most 2**20, got {value} (topk={topk})")
+    if cap > 1 << 20:
+        # Triton tiles hold at most 2**20 elements (the second select launch's is `cap`)
+        raise ValueError(f"cap must be at most 2**20, got {cap} (topk={topk})")
     # column offsets are int32: a row and the steps read past its end must stay below 2**31
-    if n + (prefetch + 1) * max(filter_block, block, tile) >= 1 << 31:
+    if n + (c.prefetch + 1) * max(filter_block, c.block, tile) >= 1 << 31:
         raise ValueError(f"logits rows of {n} keys are too long for int32 column offsets")
-    if not (num_warps <= min(filter_block, tile) and tile <= cap):
-        raise ValueError(f"need num_warps <= filter_block, num_warps <= tile <= cap; got num_warps={num_warps}, "
-                         f"filter_block={filter_block}, tile={tile}, cap={cap}")
-    if ballot and not _ballot_ok(device, num_warps, filter_block):
+    if not (num_warps <= tile <= cap):
+        raise ValueError(f"need num_warps <= tile <= cap; got num_warps={num_warps}, tile={tile}, cap={cap}")
+    if c.ballot and not _ballot_ok(device, num_warps, filter_block):
         raise ValueError(f"ballot=True needs an NVIDIA GPU and filter_block == 128 * num_warps, got {device}, "
                          f"filter_block={filter_block}, num_warps={num_warps}")
-    for name, value in (("presample", presample), ("ballot_write", ballot_write)):
-        if not isinstance(value, bool):
-            raise ValueError(f"{name} must be True, False or None, got {value!r}")
-    if ballot_write and not _nvidia(device):
+    if c.ballot_write and not _nvidia(device):
         raise ValueError(f"ballot_write=True needs an NVIDIA GPU, got {device}")
-    ballot = _ballot_ok(device, num_warps, filter_block) if ballot is None else ballot
+    ballot = _ballot_ok(device, num_warps, filter_block) if c.ballot is None else c.ballot
     # the sample kernel's runs: enough for one key in `sparse` of the longest row, up to sample_max
-    runs = _sample_runs(n, piece, sparse, sample_max)
-    if not (presample_given or presample or fused) and runs > pieces:
-        # rows longer than the filter's own sample serves: the sample kernel's larger one,
-        # whatever the config (its threshold and the retry's)
-        presample = True
+    runs = _sample_runs(n, piece, c.sparse, c.sample_max)
+    if presample is None:
+        # the sample kernel's larger sample for rows longer than the filter's own serves
+        presample = not fused and runs > c.pieces
     # the retry's threshold from the sample kernel where its sample is the larger (split
     # rows have no filter program that sees the whole row to search one)
-    second = presample and (slices > 1 or runs > pieces)
-    # a split row's programs append to one list a row; a whole row's, one list a warp
+    second = presample and (slices > 1 or runs > c.pieces)
+    # a split row's programs append to one list a row; a whole row's, one list per warp
     lists = 1 if slices > 1 else num_warps
-    common = _select_common(topk, lists, cap, tile, block, radix_bits, has_stats)
-    fused_ch, fused_wb = _write_chunk(tile, num_warps, tile_write, fused and ballot_write)
+    common = _select_common(topk, lists, cap, tile, c.block, c.radix_bits, has_stats)
+    fused_ch, fused_wb = _write_chunk(tile, num_warps, c.tile_write, fused and c.ballot_write)
     filter_kw = LaunchKw(
-        BW=filter_block // num_warps, NP=pieces, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
-        SLACK=float(sample_slack), LOW_BIT=sample_low_bit, BALLOT=bool(ballot), DEPTH=prefetch,
-        DYNAMIC=bool(dynamic), FUSED=bool(fused), STW=tile // num_warps, CH=fused_ch, PRESAMPLE=presample,
+        BW=filter_block // num_warps, NP=c.pieces, PIECE=piece, SPARSE=c.sparse, SIGMAS=float(c.sigmas),
+        SLACK=float(c.sample_slack), LOW_BIT=c.sample_low_bit, BALLOT=bool(ballot), DEPTH=c.prefetch,
+        DYNAMIC=bool(c.dynamic), FUSED=bool(fused), STW=tile // num_warps, CH=fused_ch, PRESAMPLE=presample,
         WB=fused_wb, num_warps=num_warps, **dict(common, W=num_warps), CAP=cap, SL=slices, RETRY=False,
         SECOND=second, RETRIES=bool(count_retries), **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
     sample_kw = None
     if presample:
         # up to 16 warps, 32 keys a thread at SAMPLE_MAX
-        sample_kw = LaunchKw(K=topk, NP=runs, PIECE=piece, SPARSE=sparse, SIGMAS=float(sigmas),
-                             SLACK=float(sample_slack), LOW_BIT=sample_low_bit, DIRECT=tile, SL=slices, SECOND=second,
-                             num_warps=max(1, min(16, runs * piece // 1024)))
+        sample_kw = LaunchKw(K=topk, NP=runs, PIECE=piece, SPARSE=c.sparse, SIGMAS=float(c.sigmas),
+                             SLACK=float(c.sample_slack), LOW_BIT=c.sample_low_bit, DIRECT=tile, SL=slices,
+                             SECOND=second, num_warps=max(1, min(16, runs * piece // 1024)))
     # split rows retry in a launch of their own (rows strided over its programs)
     retry_kw = LaunchKw(filter_kw, RETRY=True, DYNAMIC=False) if slices > 1 else None
-    selects = _select_launches(common, tile, cap, select_warps, fused, tile_write, select_maxnreg, ballot_write)
-    return programs_per_sm, num_warps, cap, sample_kw, filter_kw, retry_kw, selects
+    selects = _select_launches(common, tile, cap, c.select_warps, fused, c.tile_write, c.select_maxnreg,
+                               c.ballot_write)
+    return c.programs_per_sm, num_warps, cap, sample_kw, filter_kw, retry_kw, selects
 
 
 def _sample_runs(n: int, piece: int, sparse: int, sample_max: int) -> int:

@@ -58,11 +58,12 @@ import torch
 
 from ... import envs as _envs
 from .config import (
-    PIECE, RADIX_BITS, SAMPLE_MAX, SAMPLE_SLACK, SECOND_PROGRAMS_PER_SM, SIGMAS, SPARSE, STAT_RETRIED, _check_stats,
-    _index_vector, _nvidia, _plan, _programs, auto_slices, launch_config,
+    SECOND_PROGRAMS_PER_SM, STAT_RETRIED, TopkConfig, _check_stats, _index_vector, _nvidia, _plan, _programs,
+    auto_slices, launch_config,
 )
 from .kernels import _FILTER, _SAMPLE, _SELECT, triton
 from .launch import At, device_guard
+
 
 def _run_selects(device: torch.device, rows: int, selects: tuple, logits, starts, lengths, out, cand32, counts, thr,
                  ctl, wpos, stats, stride_lm: int, sample_min: int, direct: bool = False) -> None:
@@ -84,35 +85,10 @@ def ragged_topk(
     lengths: torch.Tensor,
     topk: int,
     out: torch.Tensor,
-    block: int | None = None,
     *,
-    filter_block: int | None = None,
-    num_warps: int | None = None,
-    programs_per_sm: int | None = None,
-    select_warps: int | None = None,
-    tile: int | None = None,
-    ballot: bool | None = None,
-    fused: bool | None = None,
-    prefetch: int | None = None,
-    tile_write: bool | None = None,
-    filter_maxnreg: int | None = None,
-    select_maxnreg: int | None = None,
-    dynamic: bool | None = None,
-    presample: bool | None = None,
-    ballot_write: bool | None = None,
-    radix_bits: int = RADIX_BITS,
-    pieces: int | None = None,
-    piece: int = PIECE,
-    sparse: int = SPARSE,
-    sigmas: float = SIGMAS,
-    cap: int | None = None,
-    sample_min: int = 0,
-    sample_low_bit: int = 8,
-    sample_slack: float = SAMPLE_SLACK,
+    config: TopkConfig | None = None,
     stats: torch.Tensor | None = None,
     direct_launch: bool | None = None,
-    slices: int | None = None,
-    sample_max: int = SAMPLE_MAX,
 ) -> None:
     """Per-row top-k of a logits block, reading each row's window only.
 
@@ -122,90 +98,35 @@ def ragged_topk(
         starts_rel: int ``[R]``, column of each row's first key.
         lengths: int ``[R]``, keys in each row's window (``starts_rel + lengths <= n``).
         topk: Keys kept per row.
-        out: int32 ``[R, topk]`` contiguous rows; gets indices relative to each row's first
+        out: int32 ``[R, topk]``, column stride 1; gets indices relative to each row's first
             key, unordered, ``-1`` padded.
-        block: Keys per step of the fallback path's passes (a power of two). This and the
-            other launch options left ``None`` come from :func:`launch_config`.
-        filter_block: Keys per step of the filtering pass (a power of two, a multiple of
-            ``num_warps``); ``128 * num_warps`` lets NVIDIA GPUs use the ballot.
-        num_warps: Warps of the filter kernel, also its number of candidate lists.
-        programs_per_sm: Filter programs per SM (its grid is persistent).
-        select_warps: Warps of the select kernel's first launch.
-        tile: Candidate slots of the select kernel's first launch (a power of two,
-            ``num_warps`` to ``cap``; default ``2 * topk`` rounded up to a power of two);
-            rows up to this long are selected on the row itself.
-        ballot: Place candidates with the PTX ballot (default: where it can run).
-        fused: Select each row in the filter kernel right after filtering it (with
-            ``num_warps`` warps), instead of in a select launch of its own.
-        prefetch: Blocks of ``filter_block`` keys each filter program has in flight (1-3).
-        tile_write: The first select launch (fused or not) writes the indices from the key
-            tile it holds in registers (one scan; more registers) instead of re-reading the
-            candidates 1024 at a time. Tiles of at most 1024 slots are always written from
-            registers.
-        dynamic: Filter programs take rows from a shared counter (an atomic add a row) rather
-            than every ``nprog``-th row: no tail of programs holding one row more than others.
-        presample: The rows' sample thresholds come from a kernel of their own (one program a
-            row) before the filter kernel, which then only streams (a rare retry, too few
-            keys through, still searches there).
-        ballot_write: The select kernel places the selected indices by warp ballots and one
-            atomic add per warp on a per-row counter, instead of a block-wide scan (NVIDIA
-            only; write chunks of a multiple of 128 keys a warp, else the scan).
-        filter_maxnreg, select_maxnreg: Register cap a thread of the filter kernel, of the
-            first select launch (NVIDIA only; fewer registers, more programs per SM, maybe
-            spills; with ``fused`` the select runs in the filter kernel, under
-            ``filter_maxnreg``). ``0``: no cap, the compiler's choice. ``None``: the launch
-            config's (the filter's only where it streams alone: ``presample`` and not
-            ``fused``).
-        radix_bits: Bits of the key resolved per pass of the fallback path (1, 2, 4 or 8).
-        pieces, piece, sparse, sigmas: The sample: runs of ``piece`` keys (a power of
-            two), one key in ``sparse`` sampled, at most ``pieces`` runs (a power of two) in
-            the filter kernel's own sample; its threshold ``sigmas`` standard deviations
-            deep.
-        sample_max: Keys at most in the sample kernel's sample (a power of two, at least
-            ``piece``; that kernel runs with ``presample``).
-        cap: Candidate slots a row (default ``max(CAP, 4 * topk)``, a power of two, at
-            least ``topk``); ``8 * cap`` bytes a row of scratch.
-        sample_min: Rows longer than ``tile`` but shorter than this take the fallback path.
-        sample_low_bit: Bits of the sample threshold's key left 0 (0-24): fewer counting
-            steps for a slightly lower, still safe, threshold.
-        sample_slack: The sample threshold's search ends once at most ``rank * (1 +
-            sample_slack)`` sampled keys reach it (``rank``: the depth ``sigmas`` sets):
-            fewer counting steps, a few more candidates (0 to 64).
+        config: How to launch and sample (:class:`~.config.TopkConfig`; default
+            :func:`~.config.launch_config` of the logits' device). The set does not depend
+            on it.
         stats: Optional contiguous int32 ``[4]`` or ``[5]`` on the logits' device; the kernel adds
             each row to one counter (``STAT_SHORT``, ``STAT_SAMPLED``, ``STAT_PLAIN``,
             ``STAT_DIRECT``) and, with a fifth entry, each retried row to ``STAT_RETRIED``.
         direct_launch: On NVIDIA, launch a kernel's compiled variant directly once Triton's
             JIT has chosen it for the arguments' specialization (:mod:`.launch`: less host
             time a call). ``None``: ``INDEXER_TRITON_DIRECT_LAUNCH`` (on by default).
-        slices: Programs filtering each row (a power of two up to :data:`MAX_SLICES`), for
-            few long rows: each program a slice of whole blocks, all appending to the row's
-            one list (implies ``presample``, excludes ``fused``). ``None``:
-            :func:`auto_slices`.
 
     Raises:
-        ValueError: an option out of range (before any kernel runs).
+        ValueError: a bad tensor, or a config the device or the call rules out (before any
+            kernel runs).
     """
     if triton is None:
         raise RuntimeError("triton is not importable")
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"logits must be a 2-D float32 tensor, got {tuple(logits.shape)} {logits.dtype}")
     rows, n = logits.shape
-    if topk < 1:
-        raise ValueError(f"topk must be at least 1, got {topk}")
-    options = dict(block=block, filter_block=filter_block, num_warps=num_warps, programs_per_sm=programs_per_sm,
-                   select_warps=select_warps, tile=tile, ballot=ballot, fused=fused, prefetch=prefetch,
-                   tile_write=tile_write, filter_maxnreg=filter_maxnreg, select_maxnreg=select_maxnreg,
-                   dynamic=dynamic, presample=presample, ballot_write=ballot_write, radix_bits=radix_bits,
-                   pieces=pieces, piece=piece, sparse=sparse, sigmas=sigmas, cap=cap, sample_low_bit=sample_low_bit,
-                   sample_slack=sample_slack, slices=slices, sample_max=sample_max)
-    run = RaggedTopk(logits.device, rows, n, starts_rel, lengths, topk, stats=stats, direct_launch=direct_launch,
-                     sample_min=sample_min, **options)
+    run = RaggedTopk(logits.device, rows, n, starts_rel, lengths, topk, config=config, stats=stats,
+                     direct_launch=direct_launch)
     run(logits, out)
 
 
 class RaggedTopk:
     """:func:`ragged_topk` prepared once for a block shape and its row windows, run many
-    times: the options checked, the launches' arguments made and the scratch placed once,
+    times: the config checked, the launches' arguments made and the scratch placed once,
     so a call only checks the two tensors' shapes and launches (no sync, no allocation once
     bound: CUDA-graph capturable).
 
@@ -215,18 +136,18 @@ class RaggedTopk:
         starts_rel, lengths: int ``[rows]`` on ``device`` (read by the kernels at every
             call, so they may be refreshed in place).
         topk: Keys kept per row.
-        stats, direct_launch, sample_min, **options: As :func:`ragged_topk`'s.
+        config, stats, direct_launch: As :func:`ragged_topk`'s.
 
     Attributes:
         scratch_numel: int64 elements of scratch a call needs (:meth:`bind`).
 
     Raises:
-        ValueError: an option out of range (before any kernel runs).
+        ValueError: a bad argument, or a config the device or the call rules out.
     """
 
     def __init__(self, device: torch.device, rows: int, n: int, starts_rel: torch.Tensor, lengths: torch.Tensor,
-                 topk: int, *, stats: torch.Tensor | None = None, direct_launch: bool | None = None,
-                 sample_min: int = 0, block: int | None = None, slices: int | None = None, **options):
+                 topk: int, *, config: TopkConfig | None = None, stats: torch.Tensor | None = None,
+                 direct_launch: bool | None = None):
         if triton is None:
             raise RuntimeError("triton is not importable")
         device = torch.device(device)
@@ -241,34 +162,24 @@ class RaggedTopk:
         _check_stats(stats, device)
         if direct_launch is not None and not isinstance(direct_launch, bool):
             raise ValueError(f"direct_launch must be True, False or None, got {direct_launch!r}")
-        o = dict(filter_block=None, num_warps=None, programs_per_sm=None, select_warps=None, tile=None, ballot=None,
-                 fused=None, prefetch=None, tile_write=None, filter_maxnreg=None, select_maxnreg=None, dynamic=None,
-                 presample=None, ballot_write=None, radix_bits=RADIX_BITS, pieces=None, piece=PIECE, sparse=SPARSE,
-                 sigmas=SIGMAS, cap=None, sample_low_bit=8, sample_slack=SAMPLE_SLACK, sample_max=SAMPLE_MAX)
-        unknown = set(options) - set(o)
-        if unknown:
-            raise TypeError(f"unknown ragged_topk options: {sorted(unknown)}")
-        o.update(options)
-        config = launch_config(device)
-        cfg = tuple(zip(config.keys(), map(type, config.values()), config.values()))
+        if config is None:
+            config = launch_config(device)
+        elif not isinstance(config, TopkConfig):
+            raise ValueError(f"config must be a TopkConfig, got {type(config).__name__}")
+        slices = config.slices
         if slices is None:
             # (a fused select needs whole rows)
-            fused_on = config["fused"] if o["fused"] is None else o["fused"]
-            per_sm = config["programs_per_sm"] if o["programs_per_sm"] is None else o["programs_per_sm"]
-            slices = 1 if fused_on is True else auto_slices(device, rows, n, per_sm)
-        self.plan = _plan(
-            device, cfg, topk, n, block, o["filter_block"], o["num_warps"], o["programs_per_sm"], o["select_warps"],
-            o["tile"], o["ballot"], o["fused"], o["prefetch"], o["tile_write"], o["filter_maxnreg"],
-            o["select_maxnreg"], o["dynamic"], o["presample"], o["ballot_write"], o["radix_bits"], o["pieces"],
-            o["piece"], o["sparse"], o["sigmas"], o["cap"], o["sample_low_bit"], o["sample_slack"], stats is not None,
-            slices, o["sample_max"], stats is not None and stats.numel() > STAT_RETRIED)
+            slices = 1 if config.fused else auto_slices(device, rows, n, config.programs_per_sm)
+        self.config = config
+        self.plan = _plan(device, config, topk, n, slices, stats is not None,
+                          stats is not None and stats.numel() > STAT_RETRIED)
         # NVIDIA only: AMD's Triton also specializes on whether a tensor spans under 2 GB
         # (buffer ops), which the direct launches' key does not hold
         # (the flag is read, and so checked, everywhere)
         direct = _envs.value("TRITON_DIRECT_LAUNCH") if direct_launch is None else direct_launch
         self.direct = direct and _nvidia(device)
         self.device, self.rows, self.n, self.topk = device, rows, n, topk
-        self.stats, self.sample_min = stats, sample_min
+        self.stats, self.sample_min = stats, config.sample_min
         # int32 or int64 as they come (the kernels load either): no conversion launches
         self.starts = _index_vector(starts_rel)
         self.lens = _index_vector(lengths)
