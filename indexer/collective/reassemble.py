@@ -1,6 +1,6 @@
 """Reassembly: every rank's ``[rows, W]`` slice into the full ``[M, W]`` table on every rank.
 
-Modes (see DESIGN.md):
+Modes (see docs/design.md):
 
 - ``allgatherv``: one variable-size all_gather straight into the output rows (NCCL/RCCL).
 - ``ring``: all_gather of the evenly divisible block straight into the output, plus

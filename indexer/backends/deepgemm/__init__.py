@@ -50,7 +50,7 @@ def pad_heads(q: torch.Tensor, weights: torch.Tensor, heads: int) -> tuple[torch
     w_pad[:, :h] = weights
     return q_pad, w_pad
 _HEAD_DIMS = (32, 64, 128)
-_INSTALL_HINT = "install DeepGEMM built for your torch (README: 'Vendor backends')"
+_INSTALL_HINT = "install DeepGEMM built for your torch (docs/install.md, 'DeepGEMM (NVIDIA)')"
 
 
 @functools.lru_cache(maxsize=1)

@@ -36,7 +36,7 @@ SEARCH_BISECT_AFTER, SEARCH_SPAN = 16, 1 << 24
 #: Programs an SM of the second select launch, each pulling queued rows (lists longer than
 #: the first launch's tile) until none is left: two overlap one's memory waits with the
 #: other's counting (H200, 256K keys, 1609 queued rows of 8192: 164 -> 110 us; four: the
-#: same as two; docs/benchmarks.md).
+#: same as two; docs/history/topk-kernel.md).
 SECOND_PROGRAMS_PER_SM = 2
 #: Split rows (``slices``): at most this many programs a row, each filtering at least
 #: ``SLICE_MIN`` keys of it.
@@ -201,7 +201,7 @@ DEFAULT_CONFIG = TopkConfig()
 #: Launch config per GPU architecture (``sm90``, ``gfx942``...). Unlike the logits kernel's
 #: configs these may differ by chunk: the selected set does not depend on them.
 CONFIGS: Mapping[str, TopkConfig] = MappingProxyType({
-    # H200, M=8192 late chunk, N=64K-256K, topk=2048 (docs/benchmarks.md)
+    # H200, M=8192 late chunk, N=64K-256K, topk=2048 (docs/history/topk-kernel.md)
     # (the filter's cap applies to a filter that only streams: presample and not fused; at 32
     # registers the SM holds 64 warps of it and the PTX filter step's loops keep out of the
     # spills; at 8 warps Triton's step spilled there and ran 17-27% slower. 4 warps and 16

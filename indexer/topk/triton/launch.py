@@ -3,7 +3,7 @@
 A ``kernel[grid](*args, **kw)`` call binds every parameter, specializes each argument,
 builds a cache key (``str`` of the options included) and only then launches: on an H200's
 host 20-42 us per launch for the top-k's kernels (14-41 parameters), more than the launch
-itself (docs/benchmarks.md). :class:`Launcher` lets the JIT make the first launch
+itself (docs/topk.md, "Host time"). :class:`Launcher` lets the JIT make the first launch
 of each specialization and keeps the compiled kernel it returns; later launches with the
 same specialization call that kernel's launcher directly.
 
