@@ -93,6 +93,12 @@ def on_release(fn) -> None:
     _release_hooks.append(fn)
 
 
+def logits_buffers() -> list[torch.Tensor]:
+    """The logits workspaces held now, one a device and stream (for memory accounting)."""
+    with _lock:
+        return [b for b, _ in _buffers.values()]
+
+
 def workspace_bytes() -> dict[str, int]:
     """Bytes held by each device's workspaces (logits and top-k scratch), for ``python -m
     indexer info``."""

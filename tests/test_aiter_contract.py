@@ -179,13 +179,13 @@ def test_broken_vendor_packages_are_reasons_not_crashes(tmp_path):
 
 
 def test_chunks_never_exceed_aiter_row_regime(stand_in_aiter):
-    from indexer.backends.base import _chunk_end
+    from indexer.backends.base import chunk_end
 
     inp = make_inputs([5000], [3000], heads=4, head_dim=32, seed=2)
     p, _ = validate(*inp.args(), 64)
     start, sizes = 0, []
     while start < p.num_rows:
-        end, _, _ = _chunk_end(get_backend("aiter"), p, start, p.num_rows, 2**40)
+        end, _, _ = chunk_end(get_backend("aiter"), p, start, p.num_rows, 2**40)
         sizes.append(end - start)
         start = end
     assert max(sizes) == 1024 and sum(sizes) == 3000

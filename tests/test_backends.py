@@ -62,13 +62,16 @@ def test_statuses_cover_every_backend():
     assert [s.name for s in indexer.available_backends()][0] == "torch"  # CPU priority first
 
 
-def test_broken_backend_module_is_a_reason(monkeypatch):
+def test_broken_backend_module_is_a_reason():
     from indexer import backends
 
-    monkeypatch.setitem(backends._MODULES, "broken", "indexer.no_such_module")
-    backends._INSTANCES.pop("broken", None)
-    st = {s.name: s for s in backend_statuses(CudaPlatform(arch="sm90"))}
-    assert not st["broken"].available and "failed to load" in st["broken"].reasons[0]
+    backends.register_backend("broken", "indexer.no_such_module")
+    try:
+        st = {s.name: s for s in backend_statuses(CudaPlatform(arch="sm90"))}
+        assert not st["broken"].available and "failed to load" in st["broken"].reasons[0]
+    finally:
+        backends.unregister_backend("broken")
+    assert "broken" not in backends.backend_names()
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs Triton's interpreter on CPU")

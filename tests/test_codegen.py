@@ -91,7 +91,7 @@ def _topk_plan(config, n: int, presample=None, fused=None, slices: int = 1):
     # ragged_topk's launches for `config`, topk=2048 over n-key rows (a CPU device stands for
     # the GPU in the plan)
     changes = {key: value for key, value in (("presample", presample), ("fused", fused)) if value is not None}
-    return TC._plan(torch.device("cpu"), dataclasses.replace(config, **changes), 2048, n, slices, True)
+    return TC.plan_launches(torch.device("cpu"), dataclasses.replace(config, **changes), 2048, n, slices, True)
 
 
 def _amd_plan(presample: bool, fused: bool, slices: int = 1):
@@ -108,14 +108,14 @@ def _topk_kernels(arch: str, presample: bool, fused: bool, slices: int) -> None:
     _, _, _, sample_kw, filter_kw, retry_kw, selects = _amd_plan(presample, fused, slices)
     assert filter_kw["SL"] == slices
     assert not filter_kw["BALLOT"] and not filter_kw["WB"] and "maxnreg" not in filter_kw
-    _compile(TK._filter_kernel, _FILTER_SIG, filter_kw, arch)
+    _compile(TK.filter_kernel, _FILTER_SIG, filter_kw, arch)
     if retry_kw is not None:
-        _compile(TK._filter_kernel, _FILTER_SIG, retry_kw, arch)
+        _compile(TK.filter_kernel, _FILTER_SIG, retry_kw, arch)
     for _, kw in selects:
         assert not kw["WB"]
-        _compile(TK._select_kernel, _SELECT_SIG, kw, arch)
+        _compile(TK.select_kernel, _SELECT_SIG, kw, arch)
     if presample:
-        _compile(TK._sample_kernel, _SAMPLE_SIG, sample_kw, arch)
+        _compile(TK.sample_kernel, _SAMPLE_SIG, sample_kw, arch)
 
 
 def _nvidia_topk_kernels(slices: int) -> None:
@@ -124,18 +124,18 @@ def _nvidia_topk_kernels(slices: int) -> None:
 
     # ragged_topk's launches with the sm90 config (a CPU device stands for the GPU in the
     # plan, told it is NVIDIA's: ballots, PTX steps and register caps), 1M-key rows
-    TC._nvidia = lambda device: True
+    TC.is_nvidia = lambda device: True
     _, _, _, sample_kw, filter_kw, retry_kw, selects = _topk_plan(
         TC.CONFIGS["sm90"], 1 << 20, slices=slices)
     assert filter_kw["BALLOT"] and filter_kw["SL"] == slices
     # the filter's PTX step: warp lists (slices=1) or the row's shared list and its atomic counter
     ptx = ("vote.sync.ballot", "st.global.v2.b32") + (("atom.global.add.u32",) if slices > 1 else ())
-    _nvidia_compile(TK._filter_kernel, _FILTER_SIG, filter_kw, ptx)
+    _nvidia_compile(TK.filter_kernel, _FILTER_SIG, filter_kw, ptx)
     if retry_kw is not None:
-        _nvidia_compile(TK._filter_kernel, _FILTER_SIG, retry_kw, ())
-    _nvidia_compile(TK._sample_kernel, _SAMPLE_SIG, sample_kw, ())
+        _nvidia_compile(TK.filter_kernel, _FILTER_SIG, retry_kw, ())
+    _nvidia_compile(TK.sample_kernel, _SAMPLE_SIG, sample_kw, ())
     for _, kw in selects:
-        _nvidia_compile(TK._select_kernel, _SELECT_SIG, kw, ("vote.sync.ballot",) if kw["WB"] else ())
+        _nvidia_compile(TK.select_kernel, _SELECT_SIG, kw, ("vote.sync.ballot",) if kw["WB"] else ())
 
 
 def _logits_kernels(arch: str) -> None:
@@ -147,20 +147,20 @@ def _logits_kernels(arch: str) -> None:
 
     fp8 = "*" + FP8[arch]
     h, d = 64, 128
-    block_m, block_n, warps, stages = K._pick_config(8192, 65536, d)
+    block_m, block_n, warps, stages = K.pick_config(8192, 65536, d)
     common = dict(q_ptr=fp8, k_ptr=fp8, k_scale_ptr="*fp32", w_ptr="*fp32", starts_ptr=_P32, ends_ptr=_P32)
     cfg = K.fused_config(h, d)
     tiles = dict(H=h, D=d, BLOCK_Q=cfg.block_q, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
                  num_stages=cfg.num_stages)
     for compressed in (False, True):  # full-width rows, and each row's window from column 0
-        _compile(K._mqa_logits_kernel, dict(common, out_ptr="*fp32", M=_I, N=_I, H=_I, stride_qm=_I, stride_qh=_I,
+        _compile(K.mqa_logits_kernel, dict(common, out_ptr="*fp32", M=_I, N=_I, H=_I, stride_qm=_I, stride_qh=_I,
                                             stride_kn=_I, stride_wm=_I, stride_om=_I),
                  dict(D=d, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
                       COMPRESSED=compressed), arch)
-        _compile(K._mqa_logits_fused_kernel, dict(common, out_ptr="*fp32", M=_I, N=_I, stride_qm=_I, stride_kn=_I,
+        _compile(K.mqa_logits_fused_kernel, dict(common, out_ptr="*fp32", M=_I, N=_I, stride_qm=_I, stride_kn=_I,
                                                   stride_wm=_I, stride_om=_I), dict(tiles, COMPRESSED=compressed),
                  arch)
-    _compile(F._logits_filter_kernel, dict(common, thr_ptr=_P32, cand32_ptr=_P32, cnt_ptr=_P32, M=_I, N=_I,
+    _compile(F.logits_filter_kernel, dict(common, thr_ptr=_P32, cand32_ptr=_P32, cnt_ptr=_P32, M=_I, N=_I,
                                            stride_qm=_I, stride_kn=_I, stride_wm=_I),
              dict(tiles, CAP=TC.default_cap(2048), PTX=False), arch)
 

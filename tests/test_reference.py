@@ -115,20 +115,20 @@ def test_workspace_allocated_once_and_reused():
     workspace.release_workspaces()
     inp = make_inputs([600, 300], [200, 300], heads=2, head_dim=32, seed=2)
     indexer.prefill_topk(*inp.args(), 16, max_logits_mb=1.0)  # many chunks
-    ((first, _),) = workspace._buffers.values()
+    (first,) = workspace.logits_buffers()
     ptr, size = first.data_ptr(), first.numel()
     assert size == workspace.workspace_numel(2**20)
     for seq in ([900], [50, 60, 70]):  # other shapes, other "layers"
         inp = make_inputs(seq, [min(seq[0], 100)] + seq[1:], heads=2, head_dim=32)
         indexer.prefill_topk(*inp.args(), 16, max_logits_mb=1.0)
-    ((again, _),) = workspace._buffers.values()
+    (again,) = workspace.logits_buffers()
     assert again.data_ptr() == ptr and again.numel() == size
     workspace.release_workspaces()
 
 
 def test_chunks_end_at_request_boundaries_and_scan_is_bounded():
     from indexer.backends import get_backend
-    from indexer.backends.base import _chunk_end
+    from indexer.backends.base import chunk_end
     from indexer.problem import validate
 
     inp = make_inputs([500, 300, 200], [100, 300, 50], heads=2, head_dim=32)
@@ -136,7 +136,7 @@ def test_chunks_end_at_request_boundaries_and_scan_is_bounded():
     be = get_backend("torch")
     cuts, start = [], 0
     while start < p.num_rows:
-        end, lo, hi = _chunk_end(be, p, start, p.num_rows, 2**40, hint=7)  # tiny scan window
+        end, lo, hi = chunk_end(be, p, start, p.num_rows, 2**40, hint=7)  # tiny scan window
         assert all(lo <= int(p.starts_host[m]) and int(p.ends_host[m]) <= hi for m in range(start, end))
         cuts.append(end)
         start = end

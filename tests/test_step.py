@@ -9,7 +9,7 @@ import torch
 
 import indexer
 from indexer.backends import get_backend
-from indexer.backends.base import Chunk, _chunk_end, plan_chunks
+from indexer.backends.base import Chunk, chunk_end, plan_chunks
 from indexer.backends.torch import TorchBackend
 from indexer.launch import run_ranks
 from indexer.problem import LayerInputs, validate
@@ -297,7 +297,7 @@ def test_compressed_chunks_span_the_requests_of_a_packed_batch():
     p1, _ = validate(*one.args(), TOPK)
     (c,) = plan_chunks(_CompressedTorch(), p1, [(0, 50)], 2**30)
     assert not c.compressed
-    end, lo, hi = _chunk_end(_CompressedTorch(), problem, 0, problem.num_rows, 2**30, compressed=True)
+    end, lo, hi = chunk_end(_CompressedTorch(), problem, 0, problem.num_rows, 2**30, compressed=True)
     assert (end, lo, hi) == (problem.num_rows, 0, 8 * 120)
 
 
@@ -307,13 +307,16 @@ def test_compressed_layout_gives_the_same_table(monkeypatch, topk_kind):
 
     inp = make_inputs([120] * 6 + [30], [40] * 6 + [30], heads=HEADS, head_dim=DIM, seed=8)
     want = indexer.prefill_topk(*inp.args(), TOPK)
-    monkeypatch.setitem(backends._INSTANCES, "torch", _CompressedTorch())
     if topk_kind == "triton":
         monkeypatch.setattr(_CompressedTorch, "prepare", lambda self, p, chunks: _prepare_triton(p, chunks))
         monkeypatch.setattr(_CompressedTorch, "bind", lambda self, p, chunks: _bind(chunks))
-    _, info = indexer.prefill_topk_with_info(*inp.args(), TOPK)
-    assert info.compressed_chunks == info.chunks == 1
-    got = indexer.prefill_topk(*inp.args(), TOPK)
+    backends.register_backend("torch", _CompressedTorch())
+    try:
+        _, info = indexer.prefill_topk_with_info(*inp.args(), TOPK)
+        assert info.compressed_chunks == info.chunks == 1
+        got = indexer.prefill_topk(*inp.args(), TOPK)
+    finally:
+        backends.register_backend("torch", "indexer.backends.torch")
     assert torch.equal(got.sort(1).values, want.sort(1).values)
 
 

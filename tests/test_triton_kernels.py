@@ -103,7 +103,7 @@ def test_mqa_logits_matches_reference(M, N, H, D, windows):
 def test_small_blocks_multi_tile_and_skip(monkeypatch, D):
     """Force BLOCK_M=16 / BLOCK_N=32 so there are several row blocks and
     key tiles lying entirely outside a block's window union (-inf fill)."""
-    monkeypatch.setattr(K, "_pick_config", lambda M, N, D: (16, 32, 4, 2))
+    monkeypatch.setattr(K, "pick_config", lambda M, N, D: (16, 32, 4, 2))
     M, N, H = 35, 190, 3
     windows = ([(0, 20 + i) for i in range(16)]            # block 0: [0, 35)
                + [(120 + i, 150 + i) for i in range(15)]   # block 1: [120, 165)

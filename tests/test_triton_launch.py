@@ -245,7 +245,7 @@ def test_topk_through_direct_launches_matches_the_jits_and_torchs():
     lengths = torch.randint(100, n - 500, (rows,), generator=g)
     lengths[:3] = torch.tensor([0, topk, 5])
     col = torch.arange(n)
-    counts = [(x.direct_launches, x.jit_launches) for x in (T._SAMPLE, T._FILTER, T._SELECT)]
+    counts = [(x.direct_launches, x.jit_launches) for x in (T.SAMPLE_LAUNCHER, T.FILTER_LAUNCHER, T.SELECT_LAUNCHER)]
     # aligned and misaligned logits (a view one float in), int32 and int64 bounds, sample_min
     # 0, 1 (a constant to Triton) and 16: each a specialization of its own, one after another
     for shift, dtype, sample_min in itertools.product((0, 1, 0), (torch.int64, torch.int32), (0, 1, 16)):
@@ -261,7 +261,7 @@ def test_topk_through_direct_launches_matches_the_jits_and_torchs():
             outs.append(out.cpu().sort(1).values)
         assert torch.equal(outs[0], want.sort(1).values)
         assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
-    after = [(x.direct_launches, x.jit_launches) for x in (T._SAMPLE, T._FILTER, T._SELECT)]
+    after = [(x.direct_launches, x.jit_launches) for x in (T.SAMPLE_LAUNCHER, T.FILTER_LAUNCHER, T.SELECT_LAUNCHER)]
     # the filter and the first select launched directly at least once a specialization seen before
     assert all(a[0] > b[0] for a, b in zip(after[1:], counts[1:]))
 

@@ -352,7 +352,7 @@ def test_fused_select_keeps_whole_rows_where_rows_would_be_split(monkeypatch):
 def _default_plan(topk, n, presample=None, slices=1):
     # _plan for the default config (the CPU's, and AMD's) on a CPU device
     config = dataclasses.replace(TC.DEFAULT_CONFIG, presample=presample)
-    return TC._plan(torch.device("cpu"), config, topk, n, slices, False)
+    return TC.plan_launches(torch.device("cpu"), config, topk, n, slices, False)
 
 
 def test_split_rows_take_their_threshold_from_the_sample_kernel():
@@ -657,10 +657,10 @@ def test_presampled_thresholds_take_the_filters_paths(piece, pieces):
     # them, the retry's or a wrong threshold's would not, so a presampled threshold other
     # than the filter's own sends rows to another path. Both samples are one run every 4 *
     # piece keys (no row has more runs than either holds); pieces=256 makes the sample
-    # kernel's tile smaller than the filter's (_sample_runs: 64 runs for n=900)
+    # kernel's tile smaller than the filter's (sample_runs: 64 runs for n=900)
     logits, masked, starts, lengths = _case(12, 900, 24, seed=7, pad=3, min_length=600)
     kw = dict(cap=128, filter_block=64, piece=piece, pieces=pieces, sparse=4)
-    assert 900 // (4 * piece) <= min(pieces, TC._sample_runs(900, piece, 4, TC.SAMPLE_MAX))
+    assert 900 // (4 * piece) <= min(pieces, TC.sample_runs(900, piece, 4, TC.SAMPLE_MAX))
     want = _check(logits, masked, starts, lengths, 24, presample=False, **kw)
     got = _check(logits, masked, starts, lengths, 24, presample=True, **kw)
     assert got == want and want[TC.STAT_SAMPLED] >= 8, (got, want)
@@ -668,11 +668,11 @@ def test_presampled_thresholds_take_the_filters_paths(piece, pieces):
 
 @pytest.mark.parametrize("slices", [1, 2])
 def test_sample_kernel_tile_holds_the_filters_sample(slices):
-    # the sample kernel's tile sized for the longest row (_sample_runs) against one four
+    # the sample kernel's tile sized for the longest row (sample_runs) against one four
     # times larger, n not a power of two, rows of every length up to n: the same thresholds
     # and column cuts (tied rows among them)
     n, piece, sparse = 1000, 8, 4
-    runs = TC._sample_runs(n, piece, sparse, 1 << 12)
+    runs = TC.sample_runs(n, piece, sparse, 1 << 12)
     assert runs * piece * sparse >= n and runs < (1 << 12) // piece
     lens = torch.arange(1, n + 1, 7, dtype=torch.int64)
     logits = torch.randn(len(lens), n)
@@ -689,7 +689,7 @@ def test_sample_kernel_tile_holds_the_filters_sample(slices):
         wpos = torch.full((len(lens),), 77, dtype=torch.int32, device=DEVICE)
         ctl = torch.full((6,), -5, dtype=torch.int32, device=DEVICE)
         thr2 = torch.zeros(2 * len(lens), dtype=torch.int32, device=DEVICE)
-        TK._sample_kernel[(len(lens),)](logits, starts, lens.to(DEVICE), t, tcol, thr2, cnt, wpos, ctl, len(lens),
+        TK.sample_kernel[(len(lens),)](logits, starts, lens.to(DEVICE), t, tcol, thr2, cnt, wpos, ctl, len(lens),
                                        logits.stride(0), 0, K=8, SECOND=True, NP=np_, PIECE=piece, SPARSE=sparse,
                                        SIGMAS=4.0, SLACK=1 / 32, LOW_BIT=8, DIRECT=8, SL=slices, num_warps=1)
         got.append((t, tcol, thr2))
@@ -721,10 +721,10 @@ def test_a_configs_filter_register_cap_applies_to_the_streaming_filter_only():
 def test_ballot_write_takes_every_launch_whose_chunks_allow_it():
     # four registers a lane: chunks of a multiple of 128 keys a warp (the first launch's 512
     # keys at 4 warps, the second's 1024 at 8); a 256-slot first tile keeps the scan
-    common = TC._select_common(256, 8, 8192, 512, 512, 4, True)
-    assert [kw["WB"] for _, kw in TC._select_launches(common, 512, 8192, 4, ballot_write=True)] == [True, True]
-    assert [kw["WB"] for _, kw in TC._select_launches(common, 256, 8192, 4, ballot_write=True)] == [False, True]
-    assert [kw["WB"] for _, kw in TC._select_launches(common, 512, 8192, 4)] == [False, False]
+    common = TC.select_constexprs(256, 8, 8192, 512, 512, 4, True)
+    assert [kw["WB"] for _, kw in TC.select_launches(common, 512, 8192, 4, ballot_write=True)] == [True, True]
+    assert [kw["WB"] for _, kw in TC.select_launches(common, 256, 8192, 4, ballot_write=True)] == [False, True]
+    assert [kw["WB"] for _, kw in TC.select_launches(common, 512, 8192, 4)] == [False, False]
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="the ballot write is NVIDIA inline PTX")
@@ -854,7 +854,7 @@ def _kth_key_probe(keys_ptr, out_ptr, n, need, below, TILE: tl.constexpr, BISECT
     i = tl.arange(0, TILE)
     keys = tl.load(keys_ptr + i, mask=i < n, other=-2147483648)
     lo = tl.maximum(tl.min(tl.where(i < n, keys, 2147483647), axis=0).to(tl.int64) - below, -2147483648)
-    tl.store(out_ptr, TK._kth_key(keys, need, lo.to(tl.int32), n, tl.max(keys, axis=0), BISECT_AFTER, SPAN))
+    tl.store(out_ptr, TK.kth_key(keys, need, lo.to(tl.int32), n, tl.max(keys, axis=0), BISECT_AFTER, SPAN))
 
 
 def _key_cases():
@@ -885,7 +885,7 @@ def _key_cases():
     (0, TC.SEARCH_SPAN), (1, TC.SEARCH_SPAN), (TC.SEARCH_BISECT_AFTER, 0), (TC.SEARCH_BISECT_AFTER, TC.SEARCH_SPAN),
     (TC.SEARCH_BISECT_AFTER, 1 << 40)])
 def test_select_search_meets_the_bit_searchs_contract(bisect_after, span):
-    # _kth_key's x: at least `need` keys >= x, and exactly `need` of them unless x is the
+    # kth_key's x: at least `need` keys >= x, and exactly `need` of them unless x is the
     # need-th largest key itself (the select's gt/eq split relies on it), on shapes that slow
     # regula falsi down (outliers, clusters, ties), from a lower bound at or below the least
     # key, with the bisection taking over early, always, or only after the count limit

@@ -29,6 +29,7 @@ __all__ = [
     "backend_statuses",
     "get_backend",
     "register_backend",
+    "unregister_backend",
     "run_rows",
     "select_backend",
 ]
@@ -46,15 +47,27 @@ class BackendUnavailableError(RuntimeError):
     """No backend (or not the forced one) can run the problem; the message says why."""
 
 
-def register_backend(name: str, module: str) -> None:
-    """Register ``module`` (which defines ``BACKEND``) under ``name``."""
-    _MODULES[name] = module
+def register_backend(name: str, module: str | Backend) -> None:
+    """Register ``module`` (the path of a module that defines ``BACKEND``, imported on first
+    use) or a :class:`Backend` instance under ``name``, replacing what was there."""
+    if isinstance(module, Backend):
+        _MODULES[name] = type(module).__module__
+        _INSTANCES[name] = module
+    else:
+        _MODULES[name] = module
+        _INSTANCES.pop(name, None)
+
+
+def unregister_backend(name: str) -> None:
+    """Forget the backend registered as ``name`` (a no-op for a name not registered)."""
+    _MODULES.pop(name, None)
     _INSTANCES.pop(name, None)
 
 
 def registry_key() -> tuple:
-    """The registry's names and modules: changes whenever a backend is registered (for
-    caches of plans made with these backends; see also :func:`is_registered_instance`)."""
+    """The registry's names and modules: changes whenever a backend is registered under a new
+    module (for caches of plans made with these backends; an instance registered in place of
+    another: :func:`is_registered_instance`)."""
     return tuple(_MODULES.items())
 
 

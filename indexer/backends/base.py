@@ -185,7 +185,7 @@ def new_chunk(problem: Problem, rows: tuple[int, int], cols: tuple[int, int], co
     return chunk
 
 
-def _chunk_end(backend: Backend, problem: Problem, start: int, stop: int, budget: int, hint: int = 1024,
+def chunk_end(backend: Backend, problem: Problem, start: int, stop: int, budget: int, hint: int = 1024,
                compressed: bool = False) -> tuple[int, int, int]:
     """Largest chunk ``[start, end)`` within ``[start, stop)`` that fits the budget.
 
@@ -253,10 +253,10 @@ def plan_chunks(backend: Backend, problem: Problem, ranges: Sequence[tuple[int, 
         firsts = problem.starts_host[a:b][problem.ends_host[a:b] > problem.starts_host[a:b]]
         varied = compressed_ok and bool((firsts != firsts[:1]).any())
         while start < b:
-            end, lo, hi = _chunk_end(backend, problem, start, b, budget_bytes, hint)
+            end, lo, hi = chunk_end(backend, problem, start, b, budget_bytes, hint)
             compressed = False
             if varied:
-                end_c, lo_c, hi_c = _chunk_end(backend, problem, start, b, budget_bytes, hint, compressed=True)
+                end_c, lo_c, hi_c = chunk_end(backend, problem, start, b, budget_bytes, hint, compressed=True)
                 if end_c > end:
                     end, lo, hi, compressed = end_c, lo_c, hi_c, True
             hint = max(1024, 2 * (end - start))

@@ -353,10 +353,10 @@ def _tune(args: argparse.Namespace, device: torch.device):
             for w in int_list(args.tune_warps) for p in int_list(args.tune_per_sm)
             for f in int_list(args.tune_fused) for s in (int_list(args.tune_select_warps) if not f else [w])
             for d in int_list(args.tune_prefetch) for tw in int_list(args.tune_tile_write)
-            for fr in (int_list(args.tune_filter_maxnreg) if TC._nvidia(device) else [0])
-            for sr in (int_list(args.tune_select_maxnreg) if TC._nvidia(device) else [0])
+            for fr in (int_list(args.tune_filter_maxnreg) if TC.is_nvidia(device) else [0])
+            for sr in (int_list(args.tune_select_maxnreg) if TC.is_nvidia(device) else [0])
             for dy in int_list(args.tune_dynamic) for ps in int_list(args.tune_presample)
-            for bw in (int_list(args.tune_ballot_write) if TC._nvidia(device) else [0])
+            for bw in (int_list(args.tune_ballot_write) if TC.is_nvidia(device) else [0])
             # a filter cap only where a config's would apply (the filter that only streams),
             # so that the config installed is the one measured
             if not (fr and (f or not ps))]

@@ -11,7 +11,7 @@ select kernel reads. Three steps:
    k-th key reaches unless the sample is off by ``sigmas`` standard deviations (the filter
    kernel's rule, :func:`indexer.topk.triton.ragged._sample_threshold`). Rows of at most ``cap`` keys keep
    every key (threshold ``-inf``).
-2. *Logits and filter* (:func:`_logits_filter_kernel`): one program a block of rows walks
+2. *Logits and filter* (:func:`logits_filter_kernel`): one program a block of rows walks
    its rows' key tiles once; every key ``>= threshold`` goes to one of its row's lists, one
    list per position in the key tile (``cap / BLOCK_N`` slots each), the lists' lengths
    after them (counting on past their slots).
@@ -83,7 +83,7 @@ if triton is not None:
             "=r,l,r,r,r", [ptr, value, mask.to(tl.int32), passthrough], dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
-    def _logits_filter_kernel(
+    def logits_filter_kernel(
         q_ptr, k_ptr, k_scale_ptr, w_ptr, starts_ptr, ends_ptr, thr_ptr, cand32_ptr, cnt_ptr,
         M, N,
         stride_qm,
@@ -97,7 +97,7 @@ if triton is not None:
         PTX: tl.constexpr,
     ):
         """The logits of ``BLOCK_Q`` rows, tile by tile as :func:`~.kernels.
-        _mqa_logits_fused_kernel` computes them; each row's keys ``>= thr[row]`` (a key of
+        mqa_logits_fused_kernel` computes them; each row's keys ``>= thr[row]`` (a key of
         :func:`indexer.topk.triton.ragged._skey`) to its ``BLOCK_N`` lists of ``CAP // BLOCK_N`` slots,
         ``cand32[row]`` (two int32 a slot: the value's bits, then the column from the row's
         start): key ``n`` to list ``n % BLOCK_N``; ``cnt[row, i]`` list ``i``'s length (past
@@ -249,9 +249,9 @@ def logits_topk(
                                 LOW_BIT=8, num_warps=8)
         del sample
         # 2. the logits, filtered as they are computed
-        _logits_filter_kernel[(triton.cdiv(m, cfg.block_q),)](
+        logits_filter_kernel[(triton.cdiv(m, cfg.block_q),)](
             q, k, k_scale, weights, starts, ends, thr, cand32, counts, m, n, q.stride(0), k.stride(0),
-            weights.stride(0), H=h, D=d, BLOCK_Q=cfg.block_q, BLOCK_N=cfg.block_n, CAP=cap, PTX=TC._nvidia(device),
+            weights.stride(0), H=h, D=d, BLOCK_Q=cfg.block_q, BLOCK_N=cfg.block_n, CAP=cap, PTX=TC.is_nvidia(device),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     # rows the lists cannot serve: the only device-to-host read
     bad = (lengths > topk) & ((counts.sum(1) < topk) | (counts.max(1).values > cap // lists))
@@ -262,11 +262,11 @@ def logits_topk(
     stats_arg = stats if stats is not None else sel_len
     # DIRECT=topk: no row is selected on its logits (there are none); BLOCK: the plain
     # path's, never taken here
-    common = TC._select_common(topk, lists, cap, topk, TC.DEFAULT_CONFIG.block, TC.RADIX_BITS, stats is not None)
+    common = TC.select_constexprs(topk, lists, cap, topk, TC.DEFAULT_CONFIG.block, TC.RADIX_BITS, stats is not None)
     with K.device_guard(q):
         # logits: a float32 placeholder, never read
-        selects = TC._select_launches(common, tile, cap, select_warps,
-                                     ballot_write=TC._nvidia(device) and TC.launch_config(device).ballot_write)
+        selects = TC.select_launches(common, tile, cap, select_warps,
+                                     ballot_write=TC.is_nvidia(device) and TC.launch_config(device).ballot_write)
         T._run_selects(device, m, selects, thr.view(torch.float32), starts, sel_len, out, cand32, counts, thr, ctl,
                        wpos, stats_arg, 0, 0)
     del cand32, scratch, counts, ctl, wpos, thr  # free before the fallback's logits

@@ -55,7 +55,7 @@ if triton is not None:
         return starts, ends, lo, hi
 
     @triton.jit
-    def _mqa_logits_kernel(
+    def mqa_logits_kernel(
         q_ptr, k_ptr, k_scale_ptr, w_ptr, starts_ptr, ends_ptr, out_ptr,
         M, N, H,
         stride_qm, stride_qh,
@@ -154,7 +154,7 @@ if triton is not None:
         return logit * scale[:, None]
 
     @triton.jit
-    def _mqa_logits_fused_kernel(
+    def mqa_logits_fused_kernel(
         q_ptr, k_ptr, k_scale_ptr, w_ptr, starts_ptr, ends_ptr, out_ptr,
         M, N,
         stride_qm,
@@ -213,7 +213,7 @@ if triton is not None:
 
     from ...topk.triton.launch import Launcher as _Launcher
 
-    _FUSED = _Launcher(_mqa_logits_fused_kernel)
+    _FUSED = _Launcher(mqa_logits_fused_kernel)
 
 
 class FusedConfig(NamedTuple):
@@ -256,7 +256,7 @@ def fused_supported(heads: int) -> bool:
     return 0 < heads <= _FUSED_ROWS and heads & (heads - 1) == 0
 
 
-def _pick_config(M: int, N: int, D: int) -> Tuple[int, int, int, int]:
+def pick_config(M: int, N: int, D: int) -> Tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the per-head kernel.
 
     A function of D only, never of the chunk's M or N: a smaller tile can lower to another
@@ -338,7 +338,7 @@ def mqa_logits(q: torch.Tensor,
         q3 = q.contiguous()
         cfg = fused_config(H, D)
         with device_guard(q):
-            _mqa_logits_fused_kernel[(triton.cdiv(M, cfg.block_q),)](
+            mqa_logits_fused_kernel[(triton.cdiv(M, cfg.block_q),)](
                 q3, k, k_scale, weights, row_starts, row_ends, out,
                 M, N, q3.stride(0), k.stride(0), weights.stride(0), out.stride(0),
                 H=H, D=D, BLOCK_Q=cfg.block_q, BLOCK_N=cfg.block_n, COMPRESSED=compressed is not None,
@@ -346,11 +346,11 @@ def mqa_logits(q: torch.Tensor,
             )
         return out
 
-    block_m, block_n, num_warps, num_stages = _pick_config(M, N, D)
+    block_m, block_n, num_warps, num_stages = pick_config(M, N, D)
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
 
     with device_guard(q):
-        _mqa_logits_kernel[grid](
+        mqa_logits_kernel[grid](
             q, k, k_scale, weights, row_starts, row_ends, out,
             M, N, H,
             q.stride(0), q.stride(1),

@@ -1,6 +1,6 @@
 """The Triton top-k's constants, per-architecture launch configs and launch planning.
 
-:func:`_plan` turns :func:`~.ragged.ragged_topk`'s options and a block shape into its
+:func:`plan_launches` turns :func:`~.ragged.ragged_topk`'s options and a block shape into its
 launches' arguments, once per distinct shape (cached). Nothing here needs Triton.
 """
 
@@ -30,7 +30,7 @@ SAMPLE_SLACK = 1 / 32
 #: Candidate slots per row (``max(CAP, 4 * topk)``, a power of two): ``8 * cap`` bytes.
 CAP = 8192
 RADIX_BITS = 4
-#: The select's regula falsi (:func:`_kth_key`) halves its bracket after this many counts,
+#: The select's regula falsi (:func:`kth_key`) halves its bracket after this many counts,
 #: and while the bracket spans more than ``SEARCH_SPAN`` keys (two binades of float32).
 SEARCH_BISECT_AFTER, SEARCH_SPAN = 16, 1 << 24
 #: Programs an SM of the second select launch, each pulling queued rows (lists longer than
@@ -273,13 +273,13 @@ def _index_vector(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1).to(torch.int32).contiguous()
 
 
-def _nvidia(device: torch.device) -> bool:
+def is_nvidia(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None
 
 
 def _ballot_ok(device: torch.device, num_warps: int, filter_block: int) -> bool:
     # the PTX ballot needs NVIDIA and four keys a thread in the filtering pass
-    return _nvidia(device) and filter_block == num_warps * 128
+    return is_nvidia(device) and filter_block == num_warps * 128
 
 
 def _write_chunk(slots: int, warps: int, tile_write: bool, ballot_write: bool) -> tuple[int, bool]:
@@ -292,7 +292,7 @@ def _write_chunk(slots: int, warps: int, tile_write: bool, ballot_write: bool) -
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(device: torch.device, config: TopkConfig, topk: int, n: int, slices: int, has_stats: bool,
+def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, slices: int, has_stats: bool,
           count_retries: bool = False) -> tuple:
     """``config`` on ``device`` for rows of at most ``n`` keys and ``slices`` programs a row,
     checked against the device and the call and turned into the launches' arguments, once
@@ -320,7 +320,7 @@ def _plan(device: torch.device, config: TopkConfig, topk: int, n: int, slices: i
     cap = default_cap(topk) if c.cap is None else c.cap
     tile = min(max(_next_pow2(2 * topk), num_warps), cap) if c.tile is None else c.tile
     for name, value in (("filter_maxnreg", filter_maxnreg), ("select_maxnreg", c.select_maxnreg)):
-        if value and not _nvidia(device):
+        if value and not is_nvidia(device):
             raise ValueError(f"{name} must be None, 0 (no cap) or, on an NVIDIA GPU, an int in 24-255; got {value!r} "
                              f"on {device}")
     if cap < topk:
@@ -336,11 +336,11 @@ def _plan(device: torch.device, config: TopkConfig, topk: int, n: int, slices: i
     if c.ballot and not _ballot_ok(device, num_warps, filter_block):
         raise ValueError(f"ballot=True needs an NVIDIA GPU and filter_block == 128 * num_warps, got {device}, "
                          f"filter_block={filter_block}, num_warps={num_warps}")
-    if c.ballot_write and not _nvidia(device):
+    if c.ballot_write and not is_nvidia(device):
         raise ValueError(f"ballot_write=True needs an NVIDIA GPU, got {device}")
     ballot = _ballot_ok(device, num_warps, filter_block) if c.ballot is None else c.ballot
     # the sample kernel's runs: enough for one key in `sparse` of the longest row, up to sample_max
-    runs = _sample_runs(n, piece, c.sparse, c.sample_max)
+    runs = sample_runs(n, piece, c.sparse, c.sample_max)
     if presample is None:
         # the sample kernel's larger sample for rows longer than the filter's own serves
         presample = not fused and runs > c.pieces
@@ -349,7 +349,7 @@ def _plan(device: torch.device, config: TopkConfig, topk: int, n: int, slices: i
     second = presample and (slices > 1 or runs > c.pieces)
     # a split row's programs append to one list a row; a whole row's, one list per warp
     lists = 1 if slices > 1 else num_warps
-    common = _select_common(topk, lists, cap, tile, c.block, c.radix_bits, has_stats)
+    common = select_constexprs(topk, lists, cap, tile, c.block, c.radix_bits, has_stats)
     fused_ch, fused_wb = _write_chunk(tile, num_warps, c.tile_write, fused and c.ballot_write)
     filter_kw = LaunchKw(
         BW=filter_block // num_warps, NP=c.pieces, PIECE=piece, SPARSE=c.sparse, SIGMAS=float(c.sigmas),
@@ -365,12 +365,12 @@ def _plan(device: torch.device, config: TopkConfig, topk: int, n: int, slices: i
                              SECOND=second, num_warps=max(1, min(16, runs * piece // 1024)))
     # split rows retry in a launch of their own (rows strided over its programs)
     retry_kw = LaunchKw(filter_kw, RETRY=True, DYNAMIC=False) if slices > 1 else None
-    selects = _select_launches(common, tile, cap, c.select_warps, fused, c.tile_write, c.select_maxnreg,
+    selects = select_launches(common, tile, cap, c.select_warps, fused, c.tile_write, c.select_maxnreg,
                                c.ballot_write)
     return c.programs_per_sm, num_warps, cap, sample_kw, filter_kw, retry_kw, selects
 
 
-def _sample_runs(n: int, piece: int, sparse: int, sample_max: int) -> int:
+def sample_runs(n: int, piece: int, sparse: int, sample_max: int) -> int:
     """The sample kernel's ``NP`` for rows of at most ``n`` keys: runs enough for one key in
     ``sparse`` of the longest (:func:`_row_sample`), a power of two, at most ``sample_max``
     keys: shorter rows take the same sample from a smaller tile."""
@@ -387,14 +387,14 @@ def _check_stats(stats: torch.Tensor | None, device: torch.device) -> None:
                          f"{stats.dtype} {list(stats.shape)} on {stats.device}")
 
 
-def _select_common(topk: int, lists: int, cap: int, direct: int, block: int, radix_bits: int, stats: bool) -> dict:
+def select_constexprs(topk: int, lists: int, cap: int, direct: int, block: int, radix_bits: int, stats: bool) -> dict:
     """Constexprs the filter and select kernels share: ``lists`` candidate lists of ``cap //
     lists`` slots a row, rows up to ``direct`` keys selected on the row itself."""
     return dict(K=topk, KP=_next_pow2(topk), W=lists, WCAP=cap // lists, DIRECT=direct, BLOCK=block,
                 RADIX_BITS=radix_bits, R=1 << radix_bits, STATS=stats)
 
 
-def _select_launches(common: dict, tile: int, cap: int, select_warps: int, fused: bool = False,
+def select_launches(common: dict, tile: int, cap: int, select_warps: int, fused: bool = False,
                      tile_write: bool = False, select_maxnreg: int | None = None, ballot_write: bool = False) -> tuple:
     """The select kernel's launches as ``((first, keywords), ...)``: the first (unless fused
     into the filter) with tiles of ``tile`` slots; then the rows whose lists did not fit,

@@ -1,7 +1,7 @@
 """The Triton top-k's kernels: sample, filter, select (docs/topk.md walks through them).
 
 Every jit function and the three kernels' launchers live here, defined only where Triton
-imports (``_SAMPLE``, ``_FILTER``, ``_SELECT``; :mod:`.ragged` launches them).
+imports (``SAMPLE_LAUNCHER``, ``FILTER_LAUNCHER``, ``SELECT_LAUNCHER``; :mod:`.ragged` launches them).
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ if triton is not None:
         return a ^ -2147483648
 
     @triton.jit
-    def _kth_key(keys, need, lo, count_lo, hi, BISECT_AFTER: tl.constexpr, SPAN: tl.constexpr):
+    def kth_key(keys, need, lo, count_lo, hi, BISECT_AFTER: tl.constexpr, SPAN: tl.constexpr):
         """The select's search: a key ``x`` with at least ``need`` of ``keys`` (int32 [T],
         empty slots ``-2**31``) at or above it and either exactly ``need`` of them or ``x``
         the ``need``-th largest key (the contract of :func:`_search` with ``stop == need``),
@@ -512,7 +512,7 @@ if triton is not None:
                 tl.store(cand + pos, _pack(c, v), mask=sel & (pos < WCAP))
 
     @triton.jit
-    def _filter_kernel(
+    def filter_kernel(
         logits_ptr, starts_ptr, lengths_ptr, cand_ptr, cand32_ptr, cnt_ptr, thr_ptr, tcol_ptr, thr2_ptr, out_ptr,
         ctl_ptr, wpos_ptr, stats_ptr, rows, stride_lm, stride_om, sample_min,
         K: tl.constexpr,
@@ -559,7 +559,7 @@ if triton is not None:
         SM. ``DYNAMIC``: a program takes its next row (or slice) from the counter ``ctl[0]``
         (zeroed by the caller), so programs that run end together and programs the SM could
         not hold at once find no work left; otherwise ``pid, pid + nprog, ...``.
-        ``PRESAMPLE``: the first threshold comes from :func:`_sample_kernel`, so that no
+        ``PRESAMPLE``: the first threshold comes from :func:`sample_kernel`, so that no
         program stops streaming for a sample's search; ``SECOND``: so does the rare retry's,
         deeper (at ``thr2``/``thr2 + rows``), where that kernel's sample is larger than this
         one's. A whole row's program retries itself; split rows retry in a
@@ -667,7 +667,7 @@ if triton is not None:
         return pp * spread + pj, (pp < runs) & (pj < plen), runs * plen, spread
 
     @triton.jit
-    def _sample_kernel(
+    def sample_kernel(
         logits_ptr, starts_ptr, lengths_ptr, thr_ptr, tcol_ptr, thr2_ptr, cnt_ptr, wpos_ptr, ctl_ptr, rows, stride_lm,
         sample_min,
         K: tl.constexpr,
@@ -687,7 +687,7 @@ if triton is not None:
         thr2[rows + row])`` (a looser search: any key near that rank serves).
         ``NP`` (runs at most) may exceed the filter's, so that long rows get a sample as large
         as ``SPARSE`` asks (up to a tile's worth), or be smaller where no row has more runs
-        (:func:`_sample_runs`): the same sample, a smaller tile. It also zeroes the counters
+        (:func:`sample_runs`): the same sample, a smaller tile. It also zeroes the counters
         the later launches start from, the row's write counter ``wpos[row]``, with ``SL > 1``
         its list counter ``cnt[row]`` and slices-done counter ``cnt[rows + row]``, and
         (program 0) ``ctl[0:3]``, so that the call needs no fill launch before it."""
@@ -784,7 +784,7 @@ if triton is not None:
             if path == 0:
                 # every key of the tile is at or above lo (the row's least, or the filter's
                 # threshold): `total` of them
-                kth = _kth_key(keys, K, lo, total, tl.max(keys, axis=0), _BISECT_AFTER, _SPAN)
+                kth = kth_key(keys, K, lo, total, tl.max(keys, axis=0), _BISECT_AFTER, _SPAN)
                 gt = keys > kth
                 eq = keys == kth
                 need = K - tl.sum(gt.to(tl.int32), axis=0)
@@ -843,7 +843,7 @@ if triton is not None:
                         tl.atomic_add(stats_ptr + 2, 1)
 
     @triton.jit
-    def _select_kernel(
+    def select_kernel(
         logits_ptr, starts_ptr, lengths_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr,
         stride_lm, stride_om, sample_min,
         K: tl.constexpr,
@@ -881,6 +881,8 @@ if triton is not None:
                 i = tl.num_programs(0) + tl.atomic_add(ctl_ptr + 2, 1)
 
 
-    _SAMPLE, _FILTER, _SELECT = Launcher(_sample_kernel), Launcher(_filter_kernel), Launcher(_select_kernel)
+    SAMPLE_LAUNCHER = Launcher(sample_kernel)
+    FILTER_LAUNCHER = Launcher(filter_kernel)
+    SELECT_LAUNCHER = Launcher(select_kernel)
 else:
-    _SAMPLE = _FILTER = _SELECT = None
+    SAMPLE_LAUNCHER = FILTER_LAUNCHER = SELECT_LAUNCHER = None

@@ -33,7 +33,7 @@ launch of their own that appends only the keys between the two thresholds.
 
 *Select* (one program per row). The candidates (or the whole row, when it fits the tile)
 sit in registers; the k-th key is found by regula falsi on counts (``count(key >= x) >=
-k``, :func:`_kth_key`), each step one compare per key and one block reduction, between the
+k``, :func:`kth_key`), each step one compare per key and one block reduction, between the
 threshold and the largest candidate, ending once exactly k keys reach the bound or the
 bound is the k-th key itself. Ties at the k-th key go to the lowest columns (a bit search,
 :func:`_search`, on the columns of the tied keys), the rule of the torch path, so both
@@ -58,10 +58,10 @@ import torch
 
 from ... import envs as _envs
 from .config import (
-    SECOND_PROGRAMS_PER_SM, STAT_RETRIED, TopkConfig, _check_stats, _index_vector, _nvidia, _plan, _programs,
+    SECOND_PROGRAMS_PER_SM, STAT_RETRIED, TopkConfig, _check_stats, _index_vector, is_nvidia, _programs, plan_launches,
     auto_slices, launch_config,
 )
-from .kernels import _FILTER, _SAMPLE, _SELECT, triton
+from .kernels import FILTER_LAUNCHER, SAMPLE_LAUNCHER, SELECT_LAUNCHER, triton
 from .launch import At, device_guard
 
 
@@ -72,7 +72,7 @@ def _run_selects(device: torch.device, rows: int, selects: tuple, logits, starts
     # launch only)
     args = (logits, starts, lengths, out, cand32, counts, thr, ctl, wpos, stats, stride_lm, out.stride(0), sample_min)
     for first, kw in selects:
-        _SELECT(_select_grid(device, rows, first), args, kw, device.index, direct)
+        SELECT_LAUNCHER(_select_grid(device, rows, first), args, kw, device.index, direct)
 
 
 def _select_grid(device: torch.device, rows: int, first: bool) -> int:
@@ -171,13 +171,13 @@ class RaggedTopk:
             # (a fused select needs whole rows)
             slices = 1 if config.fused else auto_slices(device, rows, n, config.programs_per_sm)
         self.config = config
-        self.plan = _plan(device, config, topk, n, slices, stats is not None,
+        self.plan = plan_launches(device, config, topk, n, slices, stats is not None,
                           stats is not None and stats.numel() > STAT_RETRIED)
         # NVIDIA only: AMD's Triton also specializes on whether a tensor spans under 2 GB
         # (buffer ops), which the direct launches' key does not hold
         # (the flag is read, and so checked, everywhere)
         direct = _envs.value("TRITON_DIRECT_LAUNCH") if direct_launch is None else direct_launch
-        self.direct = direct and _nvidia(device)
+        self.direct = direct and is_nvidia(device)
         self.device, self.rows, self.n, self.topk = device, rows, n, topk
         self.stats, self.sample_min = stats, config.sample_min
         # int32 or int64 as they come (the kernels load either): no conversion launches
@@ -228,18 +228,19 @@ class RaggedTopk:
         # (grid, launch, what its slots take: the logits, out, their row strides)
         if sample_kw is not None:
             args = (0, starts, lens, thr, tcol, thr2, counts, wpos, ctl, rows, 0, sample_min)
-            launches.append((rows, _SAMPLE.bind(args, sample_kw, index, direct, (0, 10)), (0, 2)))
+            launches.append((rows, SAMPLE_LAUNCHER.bind(args, sample_kw, index, direct, (0, 10)), (0, 2)))
         units = _programs(device, rows * filter_kw["SL"], programs_per_sm)
         filter_args = (0, starts, lens, buf, cand32, counts, thr, tcol, thr2, 0, ctl, wpos, stats, rows, 0, 0,
                        sample_min)
         for kw in (filter_kw, retry_kw):
             if kw is not None:
-                launches.append((units, _FILTER.bind(filter_args, kw, index, direct, (0, 9, 14, 15)), (0, 1, 2, 3)))
+                launches.append((units, FILTER_LAUNCHER.bind(filter_args, kw, index, direct, (0, 9, 14, 15)), (0, 1, 2, 3)))
         # a split row's candidates reach down to its retry's threshold, whether it retried or not
         select_args = (0, starts, lens, 0, cand32, counts, thr if retry_kw is None else thr2, ctl, wpos, stats, 0, 0,
                        sample_min)
         for first, kw in selects:
-            launches.append((_select_grid(device, rows, first), _SELECT.bind(select_args, kw, index, direct, (0, 3, 10, 11)), (0, 1, 2, 3)))
+            bound = SELECT_LAUNCHER.bind(select_args, kw, index, direct, (0, 3, 10, 11))
+            launches.append((_select_grid(device, rows, first), bound, (0, 1, 2, 3)))
         self.launches = tuple(launches)
 
     def __call__(self, logits: torch.Tensor, out: torch.Tensor) -> None:
