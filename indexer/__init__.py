@@ -25,16 +25,27 @@ def available_backends(problem=None, device=None):
     Args:
         problem: Optional validated :class:`indexer.problem.Problem` to check shapes against.
         device: Device whose platform to use (default: the machine's accelerator, else CPU).
+            A GPU device that torch cannot use (a CPU build of torch, no GPU visible, an
+            index past the visible ones) reports every backend unavailable, with that reason.
 
     Returns:
         list of :class:`indexer.backends.BackendStatus`.
     """
-    from .backends import backend_statuses
-    from .platform import platform_for_device
+    from .backends import BackendStatus, backend_statuses
+    from .platform import platform_for_device, unusable_device_reason
 
     if problem is not None:
         platform = platform_for_device(problem.device)
     elif device is not None:
+        reason = unusable_device_reason(device)
+        if reason is not None:
+            from .backends import backend_names
+            from .platform import gpu_platform_class
+
+            priority = gpu_platform_class().backend_priority
+            names = [n for n in priority if n in backend_names()]
+            names += [n for n in backend_names() if n not in names]
+            return [BackendStatus(n, False, (reason,), n in priority) for n in names]
         platform = platform_for_device(device)
     else:
         platform = current_platform()

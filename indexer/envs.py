@@ -6,13 +6,18 @@ docstring. Flags that tune behaviour per vendor can also be set per platform:
 likewise ``INDEXER_ROCM_*`` and ``INDEXER_CPU_*``. Explicit function arguments win over both.
 
 Values are read at call time, not at import time, so a test or an engine can change the
-environment between calls. A bad value raises :class:`ValueError` naming the flag and the
-allowed values.
+environment between calls. A bad value raises :class:`ValueError` naming the variable, the
+value and the allowed values (a bad function argument: naming the argument). Planning
+(:class:`indexer.StepPlan`, behind ``indexer.plan`` and ``prefill_topk``) first checks every
+``INDEXER_*`` variable (:func:`check_environment`): a bad value of any flag, or of any
+platform's variant, raises there; an unknown ``INDEXER_*`` name warns once per process.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -66,6 +71,10 @@ class Flag:
         per_platform: Whether ``INDEXER_<PLATFORM>_<NAME>`` overrides are honoured.
         platform_defaults: Defaults that differ per platform key.
         type_name: Human name of the type for messages.
+        rule: What a value must be, for messages (``"an integer >= 0"``); empty: from
+            ``choices`` or ``type_name``.
+        argument: Name of the function argument that overrides the flag (``strategy`` for
+            ``TP_SHARD_STRATEGY``); empty: the name lower-cased (``max_logits_mb``).
     """
 
     name: str
@@ -76,15 +85,25 @@ class Flag:
     per_platform: bool = False
     platform_defaults: dict[str, Any] = field(default_factory=dict)
     type_name: str = "str"
+    rule: str = ""
+    argument: str = ""
 
     @property
     def env_name(self) -> str:
         return f"INDEXER_{self.name}"
 
+    @property
+    def argument_name(self) -> str:
+        """The keyword argument that overrides this flag (``max_logits_mb``)."""
+        return self.argument or self.name.lower()
+
     def platform_env_name(self, platform_key: str) -> str:
         return f"INDEXER_{platform_key.upper()}_{self.name}"
 
     def allowed(self) -> str:
+        """The allowed values, once (``one of auto|ring``, ``an integer >= 0``)."""
+        if self.rule:
+            return self.rule
         if self.choices is not None:
             return "one of " + "|".join(self.choices)
         if self.type_name == "bool":
@@ -120,6 +139,7 @@ BACKEND = _declare(
         "raises if it cannot run (never a silent fallback).",
         choices=("auto", "deepgemm", "aiter", "triton", "torch"),
         per_platform=True,
+        argument="backend",
     )
 )
 TOPK = _declare(
@@ -130,8 +150,8 @@ TOPK = _declare(
         "Top-k kernel of the deepgemm and triton backends (and aiter where AITER has none): "
         "'torch' (torch.topk, lowest-index ties) or 'triton' (our sampled-threshold kernel that "
         "reads each row's window only; same tie rule, same sets). 'triton' by default on "
-        "NVIDIA (measured against torch.topk in docs/benchmarks.md), falling back to 'torch' where "
-        "Triton cannot run; 'torch' elsewhere until measured. The torch backend always uses "
+        "NVIDIA, falling back to 'torch' where Triton cannot run; 'torch' elsewhere (the Triton "
+        "top-k has not been timed on AMD GPUs). The torch backend always uses "
         "torch.topk: it is the reference.",
         choices=("torch", "triton"),
         per_platform=True,
@@ -149,6 +169,7 @@ MAX_LOGITS_MB = _declare(
         per_platform=True,
         platform_defaults={"cpu": 512.0},
         type_name="float (MiB)",
+        rule="a finite number > 0 (MiB)",
     )
 )
 TP_SHARD = _declare(
@@ -160,6 +181,7 @@ TP_SHARD = _declare(
         "on every rank (off, the replicated behaviour).",
         per_platform=True,
         type_name="bool",
+        argument="tp_shard",
     )
 )
 TP_SHARD_STRATEGY = _declare(
@@ -171,6 +193,7 @@ TP_SHARD_STRATEGY = _declare(
         "max-rank cost among those the chosen reassembly supports.",
         choices=("auto", "contiguous", "remainder0", "fold", "balanced", "striped"),
         per_platform=True,
+        argument="strategy",
     )
 )
 TP_SHARD_MIN_ROWS = _declare(
@@ -183,6 +206,8 @@ TP_SHARD_MIN_ROWS = _declare(
         per_platform=True,
         platform_defaults={"cuda": 16384, "rocm": 512, "cpu": 512},
         type_name="int",
+        rule="an integer >= 0",
+        argument="min_rows_per_rank",
     )
 )
 TP_SHARD_STRIPE_ROWS = _declare(
@@ -193,6 +218,7 @@ TP_SHARD_STRIPE_ROWS = _declare(
         "Rows per stripe of the 'striped' strategy (stripes dealt round-robin to ranks).",
         per_platform=True,
         type_name="int",
+        rule="an integer >= 1",
     )
 )
 REASSEMBLY = _declare(
@@ -204,6 +230,7 @@ REASSEMBLY = _declare(
         "(backend, variable-size all-gather support) and picks the best that works.",
         choices=("auto", "allgatherv", "ring", "padded", "maxreduce"),
         per_platform=True,
+        argument="reassembly",
     )
 )
 COST_MODEL_FILE = _declare(
@@ -214,6 +241,7 @@ COST_MODEL_FILE = _declare(
         "JSON file of calibrated per-backend cost models (written by 'python -m indexer "
         "bench calibrate', read by the planner). Empty: ~/.cache/indexer/cost_model.json.",
         type_name="path",
+        rule="a file path",
     )
 )
 CHECK_CONSISTENCY = _declare(
@@ -238,6 +266,7 @@ CHECK_VALUES = _declare(
         "sync a run). prefill_topk always checks, as 'sync'.",
         choices=("off", "async", "sync"),
         per_platform=True,
+        argument="check_values",
     )
 )
 
@@ -248,8 +277,8 @@ TRITON_DIRECT_LAUNCH = _declare(
         True,
         "NVIDIA: the Triton top-k launches a kernel's compiled variant directly once Triton's "
         "JIT has chosen it for the arguments' specialization (dtypes, 16-byte alignment, int "
-        "classes) instead of going through the JIT's dispatch every launch (host time a call: "
-        "docs/benchmarks.md). Off: every launch through the JIT. Launch hooks (profilers), "
+        "classes) instead of going through the JIT's dispatch every launch (less host time a "
+        "call: docs/topk.md). Off: every launch through the JIT. Launch hooks (profilers), "
         "AMD and Triton's interpreter always take the JIT.",
         type_name="bool",
     )
@@ -297,7 +326,7 @@ def resolve(name: str, platform_key: str | None = None, override: Any = None) ->
     """
     flag = get_flag(name)
     if override is not None:
-        return Resolved(flag, _parse_value(flag, override, "argument"), "argument")
+        return Resolved(flag, _parse_value(flag, override, None), "argument")
     env_name, raw = _set_env(flag, platform_key)
     if env_name is not None:
         return Resolved(flag, _parse_value(flag, raw, env_name), f"env {env_name}")
@@ -330,21 +359,29 @@ def value(name: str, platform_key: str | None = None, override: Any = None) -> A
     return flag.platform_defaults.get(platform_key, flag.default)
 
 
-def _parse_value(flag: Flag, raw: Any, where: str) -> Any:
+def _parse_value(flag: Flag, raw: Any, where: str | None) -> Any:
+    """``raw`` parsed for ``flag``. ``where``: the variable it was read from, or ``None`` for a
+    function argument (the message then names the argument, e.g. ``max_logits_mb``)."""
+    given = raw
     if not isinstance(raw, str):
         if flag.type_name == "bool" and isinstance(raw, bool):
             return raw
         raw = str(raw)
     try:
         return flag.parse(raw)
-    except ValueError as exc:
-        raise ValueError(
-            f"{flag.env_name}: bad value {raw!r} (from {where}); allowed: {flag.allowed()} ({exc})"
-        ) from None
+    except ValueError:
+        if where is None:
+            raise ValueError(
+                f"{flag.argument_name}: bad value {given!r}; allowed: {flag.allowed()}; "
+                f"this argument overrides {flag.env_name}"
+            ) from None
+        raise ValueError(f"{where}: bad value {raw!r}; allowed: {flag.allowed()}") from None
 
 
 def validate_environment(platform_key: str | None = None) -> list[str]:
-    """Parse every set flag and return one message per bad value (empty when all good)."""
+    """Parse every set flag and return one message per bad value or unknown ``INDEXER_*``
+    name (empty when all good). Every platform's variants are checked, whatever
+    ``platform_key`` is."""
     problems = []
     for flag in flags():
         keys = PLATFORM_KEYS if flag.per_platform else ()
@@ -360,18 +397,89 @@ def validate_environment(platform_key: str | None = None) -> list[str]:
     unknown = sorted(
         n for n in os.environ if n.startswith("INDEXER_") and not _is_known_env_name(n)
     )
-    problems.extend(f"{n}: unknown indexer flag (typo?)" for n in unknown)
+    problems.extend(_unknown_message(n) for n in unknown)
     return problems
 
 
-def _is_known_env_name(env_name: str) -> bool:
+class UnknownFlagWarning(UserWarning):
+    """An ``INDEXER_*`` environment variable that no flag declares (a typo?)."""
+
+
+_checked_env: tuple[tuple[str, str], ...] | None = None
+_warned_unknown: set[str] = set()
+
+
+def check_environment() -> None:
+    """Check every ``INDEXER_*`` variable of the environment; planning calls it first.
+
+    A bad value of a declared flag (or of its per-platform variant, for any platform)
+    raises; an unknown ``INDEXER_*`` name warns (:class:`UnknownFlagWarning`, naming the
+    closest declared flag), once per name per process. An environment that passed is
+    remembered, so a call with the same ``INDEXER_*`` variables costs one scan of
+    ``os.environ``.
+
+    Raises:
+        ValueError: Naming each bad variable, its value and the allowed values.
+    """
+    global _checked_env
+    items = tuple((k, v) for k, v in os.environ.items() if k.startswith("INDEXER_"))
+    if items == _checked_env:
+        return
+    bad = []
+    for env_name, raw in items:
+        flag = _flag_of(env_name)
+        if flag is None:
+            if env_name not in _warned_unknown:
+                _warned_unknown.add(env_name)
+                warnings.warn(_unknown_message(env_name), UnknownFlagWarning, stacklevel=3)
+            continue
+        if raw.strip() == "":
+            continue
+        try:
+            _parse_value(flag, raw, env_name)
+        except ValueError as exc:
+            bad.append(str(exc))
+    if bad:
+        raise ValueError("; ".join(bad))
+    _checked_env = items
+
+
+def known_env_names() -> tuple[str, ...]:
+    """Every declared variable name, per-platform variants included."""
+    names = []
+    for flag in flags():
+        names.append(flag.env_name)
+        if flag.per_platform:
+            names.extend(flag.platform_env_name(k) for k in PLATFORM_KEYS)
+    return tuple(names)
+
+
+def closest_env_name(env_name: str) -> str | None:
+    """The declared variable name closest to ``env_name`` (``difflib``), or ``None``."""
+    match = difflib.get_close_matches(env_name, known_env_names(), n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def _unknown_message(env_name: str) -> str:
+    close = closest_env_name(env_name)
+    hint = f"; did you mean {close}?" if close else ""
+    return f"{env_name}: unknown indexer flag (typo?){hint} It is ignored; every flag: python -m indexer info"
+
+
+def _flag_of(env_name: str) -> Flag | None:
+    """The flag that ``env_name`` sets (plainly or as a per-platform variant), or ``None``."""
     rest = env_name.removeprefix("INDEXER_")
-    if rest in _FLAGS:
-        return True
+    flag = _FLAGS.get(rest)
+    if flag is not None:
+        return flag
     for key in PLATFORM_KEYS:
         prefix = key.upper() + "_"
         if rest.startswith(prefix):
             flag = _FLAGS.get(rest[len(prefix):])
             if flag is not None and flag.per_platform:
-                return True
-    return False
+                return flag
+    return None
+
+
+def _is_known_env_name(env_name: str) -> bool:
+    return env_name.startswith("INDEXER_") and _flag_of(env_name) is not None

@@ -62,6 +62,9 @@ class Platform:
         return torch.float8_e4m3fnuz if self.has_fp8_fnuz() else torch.float8_e4m3fn
 
     def describe(self) -> str:
+        """One line: ``cpu [probe: torch]``, ``nvidia sm90 (8 x NVIDIA H200) [probe: pynvml]``."""
+        if self.is_cpu():  # vendor and arch are both "cpu": said once
+            return f"cpu [probe: {self.probe}]"
         text = f"{self.vendor} {self.arch}"
         if self.device_count:
             text += f" ({self.device_count} x {self.device_name})"
@@ -192,6 +195,29 @@ def platform_key(device: torch.device | str) -> str:
     return RocmPlatform.key if torch.version.hip else CudaPlatform.key
 
 
+def gpu_platform_class() -> type[Platform]:
+    """The GPU platform class of this torch build (:class:`RocmPlatform` on a ROCm build,
+    else :class:`CudaPlatform`)."""
+    return RocmPlatform if torch.version.hip else CudaPlatform
+
+
+def unusable_device_reason(device: torch.device | str) -> str | None:
+    """Why torch cannot put tensors on ``device`` (a GPU device on a CPU build, no GPU
+    visible, an index past the visible GPUs), or ``None`` when it can or it is not a GPU
+    device. Creates no device context."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    if torch.version.cuda is None and torch.version.hip is None:
+        return "CUDA is not available in this torch build"
+    count = torch.cuda.device_count()
+    if count == 0 or not torch.cuda.is_available():
+        return "torch sees no GPU (torch.cuda.is_available() is False)"
+    if device.index is not None and device.index >= count:
+        return f"{device} is not a visible GPU ({count} visible)"
+    return None
+
+
 def platform_for_device(device: torch.device | str) -> Platform:
     """Platform of the device that holds the tensors (a CPU tensor means the CPU platform).
 
@@ -201,6 +227,9 @@ def platform_for_device(device: torch.device | str) -> Platform:
     device = torch.device(device)
     if device.type != "cuda":
         return CpuPlatform(probe="tensor device")
+    reason = unusable_device_reason(device)
+    if reason is not None:
+        raise ValueError(f"device {device}: {reason}")
     base = current_platform()
     if base.is_cpu():
         base = (RocmPlatform if torch.version.hip else CudaPlatform)(probe="torch")

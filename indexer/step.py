@@ -160,6 +160,7 @@ class StepPlan:
                  strategy: str | None = None, reassembly: str | None = None, max_logits_mb: float | None = None,
                  tp_shard: bool | None = None, min_rows_per_rank: int | None = None,
                  check_values: str | None = None):
+        envs.check_environment()  # every INDEXER_* variable, before anything runs (cached)
         self.problem = problem
         platform = platform_for_device(problem.device)
         key = platform.key

@@ -19,16 +19,60 @@ import torch
 from .timing import int_list, median_ms, table
 
 
+_GPU_DEFAULTS = dict(rows=4096, keys="512,2048,8192,32768", heads=64, head_dim=128, topk=2048, repeats=5)
+# a CPU runs the GPU grid for minutes: a smaller one, still wide enough in keys for the per-key
+# cost to stand out of timing noise (a few seconds on 2 cores)
+_CPU_DEFAULTS = dict(rows=128, keys="256,1024,4096", heads=4, head_dim=64, topk=64, repeats=3)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..cli.options import positive_int
+
+    def gpu_cpu(key: str) -> str:
+        return f"(default {_GPU_DEFAULTS[key]} on a GPU, {_CPU_DEFAULTS[key]} on CPU)"
+
     p.add_argument("--backend", default="auto", help="backend to calibrate (default: the one dispatch picks)")
-    p.add_argument("--rows", type=int, default=4096, help="rows R per timed chunk")
-    p.add_argument("--keys", default="512,2048,8192,32768", help="keys per row L")
-    p.add_argument("--heads", type=int, default=64)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--topk", type=int, default=2048)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--rows", type=positive_int, default=None, help="rows R per timed chunk " + gpu_cpu("rows"))
+    p.add_argument("--keys", type=_key_list, default=None, help="keys per row L " + gpu_cpu("keys"))
+    p.add_argument("--heads", type=positive_int, default=None, help=gpu_cpu("heads"))
+    p.add_argument("--head-dim", type=positive_int, default=None, help=gpu_cpu("head_dim"))
+    p.add_argument("--topk", type=positive_int, default=None, help=gpu_cpu("topk"))
+    p.add_argument("--device", type=_device, default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cpu, cuda or cuda:N (default: cuda when torch sees a GPU)")
+    p.add_argument("--repeats", type=positive_int, default=None, help=gpu_cpu("repeats"))
     p.add_argument("--dry-run", action="store_true", help="fit and print, do not store")
+
+
+def _device(text: str) -> str:
+    from ..platform import unusable_device_reason
+
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}") from None
+    reason = unusable_device_reason(device)
+    if reason is not None:
+        raise argparse.ArgumentTypeError(f"{text}: {reason}")
+    return text
+
+
+def _key_list(text: str) -> str:
+    try:
+        keys = int_list(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}") from None
+    if not keys or min(keys) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    return text
+
+
+def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Options left unset take the GPU or the CPU defaults, by ``--device``."""
+    defaults = _CPU_DEFAULTS if torch.device(args.device).type == "cpu" else _GPU_DEFAULTS
+    for key, value in defaults.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    return args
 
 
 def _problem(rows: int, keys: int, width: int, heads: int, head_dim: int, topk: int, device: torch.device, fp8):
@@ -63,22 +107,27 @@ def run(args: argparse.Namespace) -> int:
     from ..partition.calibration import save_calibration
     from ..platform import platform_for_device
 
+    args = resolve_defaults(args)
     device = torch.device(args.device)
     platform = platform_for_device(device)
     rows_out, samples = [], []
     backend = None
-    for keys in int_list(args.keys):
-        for width in (keys + 1, 4 * keys):
-            problem, inputs = _problem(args.rows, keys, width, args.heads, args.head_dim, args.topk, device, platform.fp8_dtype)
-            if backend is None:
-                backend = select_backend(problem, platform, args.backend) if args.backend != "auto" else select_backend(problem, platform)
-            out = torch.empty(args.rows, args.topk, dtype=torch.int32, device=device)
-            chunks = plan_chunks(backend, problem, [(0, args.rows)], 2**40)
-            prepare_chunks(backend, problem, chunks, 2**40)
-            ms = median_ms(lambda: run_chunks(backend, problem, inputs, chunks, out), device, warmup=1,
-                           repeats=args.repeats)
-            samples.append((keys, width, ms / args.rows))
-            rows_out.append(dict(L=keys, W=width, ms=ms, us_row=1e3 * ms / args.rows))
+    grid = [(keys, width) for keys in int_list(args.keys) for width in (keys + 1, 4 * keys)]
+    print(f"calibrating on {platform.describe()}: {len(grid)} chunks of R={args.rows} rows (keys L={args.keys}, "
+          f"each at widths L+1 and 4L), H={args.heads} D={args.head_dim} topk={args.topk}, median of {args.repeats}",
+          flush=True)
+    for i, (keys, width) in enumerate(grid, 1):
+        problem, inputs = _problem(args.rows, keys, width, args.heads, args.head_dim, args.topk, device, platform.fp8_dtype)
+        if backend is None:
+            backend = select_backend(problem, platform, args.backend) if args.backend != "auto" else select_backend(problem, platform)
+        out = torch.empty(args.rows, args.topk, dtype=torch.int32, device=device)
+        chunks = plan_chunks(backend, problem, [(0, args.rows)], 2**40)
+        prepare_chunks(backend, problem, chunks, 2**40)
+        ms = median_ms(lambda: run_chunks(backend, problem, inputs, chunks, out), device, warmup=1,
+                       repeats=args.repeats)
+        samples.append((keys, width, ms / args.rows))
+        rows_out.append(dict(L=keys, W=width, ms=ms, us_row=1e3 * ms / args.rows))
+        print(f"[{i}/{len(grid)}] {backend.name}: L={keys} W={width}: {ms:.3f} ms a chunk", flush=True)
     a, b, c = fit(samples)
     for r in rows_out:
         r["fit_us_row"] = 1e3 * (a * r["L"] + b * r["W"] + c)

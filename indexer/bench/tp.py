@@ -7,12 +7,17 @@ computation and every strategy side by side in the same processes:
 
 - total: per call, ranks start together (barrier) and the call is timed with CUDA events
   on every rank; a repeat's time is the slowest rank's; the median over repeats is reported.
-- breakdown: one extra call with ``timing=True`` gives compute and reassembly ms per rank
-  (the reassembly alone: ranks meet at a barrier before it is timed).
+- breakdown: calls with ``timing=True`` (one warm-up, then as many repeats), each timed on
+  the host clock, give the split of a call into compute, wait for the slowest rank and
+  reassembly (the reassembly alone: ranks meet at a barrier before it is timed), all three
+  from one call on one rank (the slowest rank of the median repeat). The row's compute /
+  exchange ms are its total cut in those proportions, so they never add up to more than the
+  total; the measured ms are under ``breakdown_raw`` in ``tp.json``.
 - exact: every rank's sharded table has, per row, the same set as its replicated one.
 - peak: ``torch.cuda.max_memory_allocated`` over the call, per rank, max reported.
 
-Writes ``tp.json``, ``tp.csv`` and ``tp_speedup.png`` (matplotlib, if installed) to ``--out``.
+Writes ``tp.json``, ``tp.csv`` and ``tp_speedup.png`` (matplotlib: ``pip install
+'indexer[plot]'``) to ``--out`` and prints that folder.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import csv
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -31,21 +37,32 @@ from .timing import table
 VARIANTS = ("contiguous", "remainder0", "fold", "balanced", "striped", "auto")
 
 
+def _strategy_list(text: str) -> list[str]:
+    names = [x for x in text.split(",") if x]
+    bad = [x for x in names if x not in VARIANTS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(VARIANTS)}, got {text!r}")
+    return names
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tp", type=int, default=None, help="ranks (default: visible GPUs, else 2)")
+    from ..cli.options import non_negative_int, positive_int
+
+    p.add_argument("--tp", type=positive_int, default=None, help="ranks (default: visible GPUs, else 2)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--contexts", default=None, help="late-chunk key counts N (GPU default 16K..1M)")
     p.add_argument("--rows", type=int, default=None, help="rows of each late chunk (GPU default 8192)")
-    p.add_argument("--first", default=None, help="whole first chunks, M = N (GPU default 16384,32768)")
+    p.add_argument("--first", default=None, help="whole first chunks, M = N (GPU default 16384,32768; 'none' skips)")
     p.add_argument("--varlen", default=None, help="REQxKEYS:ROWS batch of requests (GPU default 4x32768:4096)")
     p.add_argument("--big", default=None, help="ROWSxKEYS very large step, replicated vs auto only (GPU default 65536x1048576; 'none' skips)")
-    p.add_argument("--strategies", default=",".join(VARIANTS))
+    p.add_argument("--strategies", type=_strategy_list, default=list(VARIANTS),
+                   help="comma-separated variants to time (default: all of " + ",".join(VARIANTS) + ")")
     p.add_argument("--heads", type=int, default=None)
     p.add_argument("--head-dim", type=int, default=None)
     p.add_argument("--topk", type=int, default=None)
     p.add_argument("--backend", default=None)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=non_negative_int, default=2)
+    p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--out", default="bench-out", help="folder for tp.json, tp.csv, tp_speedup.png")
 
 
@@ -56,10 +73,13 @@ _CPU_DEFAULTS = dict(contexts="1024,2048,4096", rows=512, first="1024", varlen="
 
 
 def _configs(cfg: dict) -> list[dict]:
+    def sizes(text: str) -> list[int]:
+        return [] if text == "none" else [int(x) for x in text.split(",") if x]
+
     out = []
-    for n in [int(x) for x in cfg["contexts"].split(",") if x]:
+    for n in sizes(cfg["contexts"]):
         out.append(dict(name=f"late M={min(cfg['rows'], n)} N={n}", kind="late", keys=n, seq=[n], q=[min(cfg["rows"], n)]))
-    for n in [int(x) for x in cfg["first"].split(",") if x]:
+    for n in sizes(cfg["first"]):
         out.append(dict(name=f"first M=N={n}", kind="first", keys=n, seq=[n], q=[n]))
     if cfg["varlen"] and cfg["varlen"] != "none":
         reqs, rest = cfg["varlen"].split("x")
@@ -99,11 +119,21 @@ def _rank_main(rank: int, world: int, cfg: dict) -> list[dict]:
             end.record()
             end.synchronize()
             return res, start.elapsed_time(end), torch.cuda.max_memory_allocated(device) / 2**30
-        import time
-
         t0 = time.perf_counter()
         res = fn()
         return res, (time.perf_counter() - t0) * 1e3, None
+
+    def timed_host(fn):
+        """The call's wall time on the host clock, device-synchronised: the clock its
+        ``timing=True`` breakdown is taken with, so the breakdown fits inside it."""
+        dist.barrier()
+        if cuda:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        res = fn()
+        if cuda:
+            torch.cuda.synchronize(device)
+        return res, (time.perf_counter() - t0) * 1e3
 
     for c in configs:
         release_workspaces()
@@ -141,7 +171,12 @@ def _rank_main(rank: int, world: int, cfg: dict) -> list[dict]:
             kw = dict(group=group, strategy=v, min_rows_per_rank=0) if v not in ("replicated", "gated") else {}
             if v == "gated":
                 kw = dict(group=group)
-            _, info = indexer.prefill_topk_with_info(*args, topk, backend=cfg["backend"], timing=True, **kw)
+            breakdown = []  # per repeat: (call ms, compute ms, wait ms, exchange ms) of one timed call
+            for i in range(1 + reps):  # one warm-up: the timed path syncs where the plain one does not
+                (_, info), ms = timed_host(lambda: indexer.prefill_topk_with_info(  # noqa: B023
+                    *args, topk, backend=cfg["backend"], timing=True, **kw))
+                if i >= 1:
+                    breakdown.append((ms, info.compute_ms or 0.0, info.wait_ms or 0.0, info.exchange_ms or 0.0))
             plan = info.plan
             records.append(dict(
                 config=c["name"], kind=c["kind"], keys=c["keys"], rows=sum(c["q"]), variant=v, rank=rank,
@@ -149,8 +184,7 @@ def _rank_main(rank: int, world: int, cfg: dict) -> list[dict]:
                 strategy=plan.strategy if plan else None, reassembly=info.reassembly,
                 rank_rows=plan.rows_per_rank[rank] if plan else sum(c["q"]),
                 imbalance=plan.imbalance if plan else None,
-                compute_ms=info.compute_ms, wait_ms=info.wait_ms or 0.0, exchange_ms=info.exchange_ms or 0.0,
-                sharded=info.sharded,
+                breakdown=breakdown, sharded=info.sharded,
             ))
             if cuda:  # no cached blocks carried from one variant into the next
                 torch.cuda.empty_cache()
@@ -182,8 +216,28 @@ def _progress(total: int, rank: int):
         return step
 
 
+def breakdown_of(recs: list[dict], total_ms: float) -> dict:
+    """One row's compute / wait / exchange split of its ``total_ms``.
+
+    The split is measured on the ranks' ``timing=True`` repeats: per repeat the slowest
+    rank's call; of those, the median repeat (the lower of an even count); from that one call
+    on that one rank its compute, wait and exchange times and the call's own time, all on the
+    same host clock (``raw``). The row reports the total cut in those proportions, so
+    ``compute_ms + wait_ms + exchange_ms <= total_ms`` always. Parts taken from other calls
+    than the total, or on another clock (the total is timed with CUDA events, the breakdown
+    with the host clock and syncs), or each part's maximum over ranks taken separately, can
+    add up to more than the total: a row once showed 41.63 ms compute in a 30.03 ms total.
+    """
+    per_repeat = [max(calls) for calls in zip(*(r["breakdown"] for r in recs))]  # slowest rank's call
+    timed, compute, wait, exchange = sorted(per_repeat)[(len(per_repeat) - 1) // 2]
+    scale = total_ms / timed if timed > 0 else 0.0
+    return dict(compute_ms=compute * scale, wait_ms=wait * scale, exchange_ms=exchange * scale,
+                breakdown_raw=dict(timed_ms=timed, compute_ms=compute, wait_ms=wait, exchange_ms=exchange))
+
+
 def summarize(per_rank: list[list[dict]]) -> list[dict]:
-    """Merge per-rank records: a repeat's time is the slowest rank's, then the median."""
+    """Merge per-rank records: a repeat's time is the slowest rank's, then the median; the
+    breakdown as :func:`breakdown_of` takes it."""
     rows = []
     for i, rec in enumerate(per_rank[0]):
         recs = [r[i] for r in per_rank]
@@ -192,7 +246,7 @@ def summarize(per_rank: list[list[dict]]) -> list[dict]:
             config=rec["config"], kind=rec["kind"], keys=rec["keys"], rows=rec["rows"], variant=rec["variant"],
             strategy=rec["strategy"], reassembly=rec["reassembly"], backend=rec["backend"], sharded=rec["sharded"],
             rows_per_rank="/".join(str(r["rank_rows"]) for r in recs), imbalance=rec["imbalance"],
-            compute_ms=max(r["compute_ms"] for r in recs), exchange_ms=max(r["exchange_ms"] for r in recs),
+            **breakdown_of(recs, statistics.median(totals)),
             rank_times_ms=[r["times"] for r in recs],
             total_ms=statistics.median(totals), exact=all(r["exact"] for r in recs),
             peak_gib=max((r["peak_gib"] or 0.0) for r in recs) if rec["peak_gib"] is not None else None,
@@ -206,14 +260,19 @@ def summarize(per_rank: list[list[dict]]) -> list[dict]:
     return rows
 
 
-def _plot(rows: list[dict], path: Path, title: str) -> bool:
+PLOT_EXTRA = "pip install 'indexer[plot]'"
+"""How to get matplotlib for the plot (pyproject's ``plot`` extra)."""
+
+
+def _plot(rows: list[dict], path: Path, title: str) -> str | None:
+    """Writes the speedup plot; ``None`` when done, else why not (with what to install)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return False
+        return f"no {path.name}: matplotlib is not installed ({PLOT_EXTRA}, or pip install matplotlib)"
     late = [r for r in rows if r["kind"] == "late" and r["variant"] != "replicated"]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for v in sorted({r["variant"] for r in late}):
@@ -227,7 +286,8 @@ def _plot(rows: list[dict], path: Path, title: str) -> bool:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    return True
+    plt.close(fig)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -241,27 +301,33 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--tp {tp} needs {tp} GPUs, {torch.cuda.device_count()} visible")
     defaults = _GPU_DEFAULTS if device == "cuda" else _CPU_DEFAULTS
     cfg = {k: (getattr(args, k, None) if getattr(args, k, None) is not None else v) for k, v in defaults.items()}
-    cfg.update(device=device, strategies=args.strategies.split(","), backend=args.backend, warmup=args.warmup, repeats=args.repeats)
+    cfg.update(device=device, strategies=list(args.strategies), backend=args.backend, warmup=args.warmup, repeats=args.repeats)
+    out = Path(args.out).resolve()
+    n_configs = len(_configs(cfg))
+    print(f"bench tp: {n_configs} configs x (replicated + {len(cfg['strategies'])} variants) on {tp} ranks "
+          f"({'nccl' if device == 'cuda' else 'gloo'} on {device}), warm-up {args.warmup}, median of {args.repeats}; "
+          f"writing to {out}", flush=True)
     per_rank = run_ranks(_rank_main, tp, cfg, backend="nccl" if device == "cuda" else "gloo", timeout=7200)
     rows = summarize(per_rank)
 
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(tp=tp, device=device, torch=torch.__version__, gpu=torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
                 heads=cfg["heads"], head_dim=cfg["head_dim"], topk=cfg["topk"], repeats=args.repeats, warmup=args.warmup)
     with open(out / "tp.json", "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
     with open(out / "tp.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k != "rank_times_ms"], extrasaction="ignore")
+        w = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k not in ("rank_times_ms", "breakdown_raw")],
+                           extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     title = f"indexer TP={tp} on {meta['gpu']} ({rows[0]['backend']}), H={cfg['heads']} D={cfg['head_dim']} topk={cfg['topk']}"
-    plotted = _plot(rows, out / "tp_speedup.png", title)
+    no_plot = _plot(rows, out / "tp_speedup.png", title)
     print(title)
     cols = [("config", "config", "s"), ("variant", "variant", "s"), ("strategy", "plan", "s"), ("reassembly", "exchange", "s"),
             ("rows_per_rank", "rows/rank", "s"), ("imbalance", "imbal.", ".3f"), ("compute_ms", "compute ms", ".2f"),
-            ("exchange_ms", "exch. ms", ".2f"), ("total_ms", "total ms", ".2f"), ("speedup", "speedup", ".2f"),
+            ("wait_ms", "wait ms", ".2f"), ("exchange_ms", "exch. ms", ".2f"), ("total_ms", "total ms", ".2f"), ("speedup", "speedup", ".2f"),
             ("peak_gib", "peak GiB", ".1f"), ("exact", "exact", "")]
     print(table(rows, cols))
-    print(f"wrote {out / 'tp.json'}, {out / 'tp.csv'}" + (f", {out / 'tp_speedup.png'}" if plotted else " (no matplotlib: no plot)"))
+    written = ["tp.json", "tp.csv"] + ([] if no_plot else ["tp_speedup.png"])
+    print(f"wrote {', '.join(written)} to {out}" + (f"; {no_plot}" if no_plot else ""))
     return 0 if all(r["exact"] for r in rows) else 1

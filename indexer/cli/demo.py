@@ -10,28 +10,45 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import torch
 
+from .options import check_environment_or_exit, flag_choices, positive_int
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="replicated vs sharded prefill on N spawned ranks, checked exactly")
-    p.add_argument("--tp", type=int, default=2, help="ranks to spawn (default 2)")
-    p.add_argument("--rows", type=int, default=2048, help="query rows M of the step (default 2048)")
-    p.add_argument("--context", type=int, default=8192, help="keys N: the request's context length (default 8192)")
+    p.add_argument("--tp", type=positive_int, default=2, help="ranks to spawn (default 2)")
+    p.add_argument("--rows", type=positive_int, default=2048, help="query rows M of the step (default 2048)")
+    p.add_argument("--context", type=positive_int, default=8192, help="keys N: the request's context length (default 8192)")
     p.add_argument("--layout", choices=("late", "first"), default="late",
                    help="late: the M rows are the last of the context (a late prefill chunk); first: M = N, one whole first chunk")
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--topk", type=int, default=256)
-    p.add_argument("--strategy", default=None, help="auto|contiguous|remainder0|fold|balanced|striped (default: INDEXER_TP_SHARD_STRATEGY)")
-    p.add_argument("--reassembly", default=None, help="auto|allgatherv|ring|padded|maxreduce (default: INDEXER_REASSEMBLY)")
-    p.add_argument("--backend", default=None, help="force a backend (default: automatic dispatch)")
+    p.add_argument("--heads", type=positive_int, default=4)
+    p.add_argument("--head-dim", type=positive_int, default=64)
+    p.add_argument("--topk", type=positive_int, default=256)
+    p.add_argument("--strategy", choices=flag_choices("TP_SHARD_STRATEGY"), default=None,
+                   help="row split (default: INDEXER_TP_SHARD_STRATEGY)")
+    p.add_argument("--reassembly", choices=flag_choices("REASSEMBLY"), default=None,
+                   help="exchange of the ranks' rows (default: INDEXER_REASSEMBLY)")
+    p.add_argument("--backend", choices=flag_choices("BACKEND"), default=None,
+                   help="force a backend (default: INDEXER_BACKEND, automatic dispatch)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: cuda when --tp GPUs are visible, else cpu")
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats, median reported (default 3)")
-    p.set_defaults(func=run)
+    p.add_argument("--repeats", type=positive_int, default=3, help="timed repeats, median reported (default 3)")
+    p.set_defaults(func=run, parser=p)
+
+
+def _first_error(text: str) -> str:
+    """The first rank's error line of a :class:`RankFailed` message, without tracebacks."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[0] if lines else text
+
+
+def _progress(text: str) -> None:
+    """A progress line on stderr, flushed (the table goes to stdout)."""
+    print(f"[demo] {text}", file=sys.stderr, flush=True)
 
 
 def _rank_main(rank: int, world: int, cfg: dict) -> dict:
@@ -59,7 +76,9 @@ def _rank_main(rank: int, world: int, cfg: dict) -> dict:
             torch.cuda.synchronize(device)
         return res, (time.perf_counter() - t0) * 1e3
 
-    replicated_ms, sharded_ms, compute_ms, exchange_ms = [], [], [], []
+    say = _progress if rank == 0 else (lambda _text: None)
+    say(f"rank 0: process group up ({world} ranks), inputs made; warm-up round, then {cfg['repeats']} timed")
+    replicated_ms, rounds = [], []
     for i in range(cfg["repeats"] + 1):  # first round is warm-up
         ref, t_rep = timed(lambda: indexer.prefill_topk(*inp.args(), cfg["topk"], backend=cfg["backend"]))
         (res, info), t_sh = timed(
@@ -67,9 +86,12 @@ def _rank_main(rank: int, world: int, cfg: dict) -> dict:
         )
         if i:
             replicated_ms.append(t_rep)
-            sharded_ms.append(t_sh)
-            compute_ms.append(info.compute_ms)
-            exchange_ms.append(info.exchange_ms or 0.0)
+            # compute and exchange were timed inside this very call: never more than its total
+            rounds.append((t_sh, info.compute_ms, info.exchange_ms or 0.0))
+        what = "warm-up" if i == 0 else f"round {i}/{cfg['repeats']}"
+        say(f"{what}: replicated {t_rep:.1f} ms, sharded {t_sh:.1f} ms (rank 0)")
+    # the median round (the lower one of an even count) and that round's breakdown
+    sharded_ms, compute_ms, exchange_ms = sorted(rounds)[(len(rounds) - 1) // 2]
     exact = (res.sort(dim=1).values == ref.sort(dim=1).values).all(dim=1)
     plan = info.plan
     return {
@@ -84,31 +106,59 @@ def _rank_main(rank: int, world: int, cfg: dict) -> dict:
         "rows": plan.rows_per_rank[rank] if plan else m,
         "cost": plan.cost_per_rank[rank] if plan else None,
         "replicated_ms": statistics.median(replicated_ms),
-        "sharded_ms": statistics.median(sharded_ms),
-        "compute_ms": statistics.median(compute_ms),
-        "exchange_ms": statistics.median(exchange_ms),
+        "sharded_ms": sharded_ms,
+        "compute_ms": compute_ms,
+        "exchange_ms": exchange_ms,
         "exact_rows": int(exact.sum()),
         "result": res.cpu(),
     }
 
 
-def run(args: argparse.Namespace) -> int:
-    from indexer.launch import run_ranks
+def _check_backend(parser: argparse.ArgumentParser, args: argparse.Namespace, device: str) -> None:
+    """A forced backend that cannot run this step on CPU: the parser's error, not the ranks'
+    tracebacks. (On GPUs the ranks' own check reports it: asking here would need a CUDA
+    context in the parent.)"""
+    if device != "cpu" or args.backend in (None, "auto"):
+        return
+    from indexer.backends import BackendUnavailableError, select_backend
+    from indexer.platform import platform_for_device
+    from indexer.problem import make_problem
 
-    if args.tp < 1:
-        raise SystemExit("--tp must be >= 1")
+    starts = torch.zeros(args.rows, dtype=torch.int32)
+    ends = torch.arange(args.context - args.rows + 1, args.context + 1, dtype=torch.int32)
+    problem = make_problem(starts, ends, num_keys=args.context, heads=args.heads, head_dim=args.head_dim,
+                           topk=args.topk, device="cpu")
+    try:
+        select_backend(problem, platform_for_device("cpu"), args.backend)
+    except BackendUnavailableError as exc:
+        parser.error(f"argument --backend: {exc}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from indexer.launch import RankFailed, run_ranks
+
+    parser = args.parser
     if args.layout == "first":
         args.rows = args.context
-    if not 1 <= args.rows <= args.context:
-        raise SystemExit("--rows must be in [1, --context]")
+    if args.rows > args.context:
+        parser.error(f"argument --rows: {args.rows} rows need --context >= {args.rows} keys, got {args.context}")
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= args.tp else "cpu"
-    if device == "cuda" and torch.cuda.device_count() < args.tp:
-        raise SystemExit(f"--device cuda needs {args.tp} GPUs, {torch.cuda.device_count()} visible")
+    if device == "cuda" and (not torch.cuda.is_available() or torch.cuda.device_count() < args.tp):
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        parser.error(f"argument --device: cuda needs {args.tp} GPUs (--tp), {visible} visible")
+    check_environment_or_exit(parser)
+    _check_backend(parser, args, device)
     cfg = {k: getattr(args, k) for k in ("rows", "context", "heads", "head_dim", "topk", "strategy", "reassembly", "backend", "repeats")}
     cfg["device"] = device
-    results = run_ranks(_rank_main, args.tp, cfg, backend="nccl" if device == "cuda" else "gloo", timeout=3600)
+    collective = "nccl" if device == "cuda" else "gloo"
+    _progress(f"spawning {args.tp} ranks ({collective} on {device}); each times {args.repeats} rounds after a warm-up")
+    try:
+        results = run_ranks(_rank_main, args.tp, cfg, backend=collective, timeout=3600)
+    except RankFailed as exc:
+        print(f"indexer demo: {_first_error(str(exc))}", file=sys.stderr)
+        return 1
 
     r0 = results[0]
     identical = all(torch.equal(r["result"], r0["result"]) for r in results)

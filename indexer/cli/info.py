@@ -7,6 +7,8 @@ import importlib.metadata as md
 
 import torch
 
+from .options import positive_int
+
 _PACKAGES = (
     ("triton", "triton"),
     ("deep_gemm", "deep-gemm"),
@@ -19,9 +21,9 @@ _PACKAGES = (
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="versions, detected platform, backends and effective settings")
-    p.add_argument("--heads", type=int, default=None, help="also check every backend against a problem with H heads")
-    p.add_argument("--head-dim", type=int, default=128, help="D of that problem (default 128)")
-    p.add_argument("--topk", type=int, default=2048, help="topk of that problem (default 2048)")
+    p.add_argument("--heads", type=positive_int, default=None, help="also check every backend against a problem with H heads")
+    p.add_argument("--head-dim", type=positive_int, default=128, help="D of that problem (default 128)")
+    p.add_argument("--topk", type=positive_int, default=2048, help="topk of that problem (default 2048)")
     p.set_defaults(func=run)
 
 
