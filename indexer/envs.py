@@ -18,7 +18,7 @@ from __future__ import annotations
 import difflib
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 PLATFORM_KEYS = ("cuda", "rocm", "cpu")
@@ -112,12 +112,14 @@ class Flag:
 
 
 def _choice(*choices: str) -> Callable[[str], str]:
+    """A parser accepting ``choices`` (lower-cased); the flag's ``choices`` are taken from it."""
     def parse(text: str) -> str:
         low = text.strip().lower()
         if low not in choices:
             raise ValueError(f"expected one of {'|'.join(choices)}")
         return low
 
+    parse.choices = choices
     return parse
 
 
@@ -125,6 +127,8 @@ _FLAGS: dict[str, Flag] = {}
 
 
 def _declare(flag: Flag) -> Flag:
+    if flag.choices is None and getattr(flag.parse, "choices", None):
+        flag = replace(flag, choices=flag.parse.choices)
     _FLAGS[flag.name] = flag
     return flag
 
@@ -137,7 +141,6 @@ BACKEND = _declare(
         "Backend for logits and top-k. 'auto' takes the first backend of the platform's "
         "priority list that supports the problem; any other value forces that backend and "
         "raises if it cannot run (never a silent fallback).",
-        choices=("auto", "deepgemm", "aiter", "triton", "torch"),
         per_platform=True,
         argument="backend",
     )
@@ -153,7 +156,6 @@ TOPK = _declare(
         "NVIDIA, falling back to 'torch' where Triton cannot run; 'torch' elsewhere (the Triton "
         "top-k has not been timed on AMD GPUs). The torch backend always uses "
         "torch.topk: it is the reference.",
-        choices=("torch", "triton"),
         per_platform=True,
         platform_defaults={"cuda": "triton"},
     )
@@ -191,7 +193,6 @@ TP_SHARD_STRATEGY = _declare(
         "auto",
         "Row partition strategy. 'auto' picks the plan with the lowest predicted "
         "max-rank cost among those the chosen reassembly supports.",
-        choices=("auto", "contiguous", "remainder0", "fold", "balanced", "striped"),
         per_platform=True,
         argument="strategy",
     )
@@ -228,7 +229,6 @@ REASSEMBLY = _declare(
         "auto",
         "How ranks exchange their top-k rows. 'auto' probes the process group once "
         "(backend, variable-size all-gather support) and picks the best that works.",
-        choices=("auto", "allgatherv", "ring", "padded", "maxreduce"),
         per_platform=True,
         argument="reassembly",
     )
@@ -264,7 +264,6 @@ CHECK_VALUES = _declare(
         "weights are finite. 'off': none; 'async': a device-side assert (no host sync; a failure "
         "surfaces at the next synchronization); 'sync': a host check raising ValueError (one "
         "sync a run). prefill_topk always checks, as 'sync'.",
-        choices=("off", "async", "sync"),
         per_platform=True,
         argument="check_values",
     )
@@ -326,10 +325,10 @@ def resolve(name: str, platform_key: str | None = None, override: Any = None) ->
     """
     flag = get_flag(name)
     if override is not None:
-        return Resolved(flag, _parse_value(flag, override, None), "argument")
+        return Resolved(flag, parse_value(flag, override, None), "argument")
     env_name, raw = _set_env(flag, platform_key)
     if env_name is not None:
-        return Resolved(flag, _parse_value(flag, raw, env_name), f"env {env_name}")
+        return Resolved(flag, parse_value(flag, raw, env_name), f"env {env_name}")
     if platform_key in flag.platform_defaults:
         return Resolved(flag, flag.platform_defaults[platform_key], f"default ({platform_key})")
     return Resolved(flag, flag.default, "default")
@@ -355,11 +354,11 @@ def value(name: str, platform_key: str | None = None, override: Any = None) -> A
     flag = get_flag(name)
     env_name, raw = _set_env(flag, platform_key)
     if env_name is not None:
-        return _parse_value(flag, raw, env_name)
+        return parse_value(flag, raw, env_name)
     return flag.platform_defaults.get(platform_key, flag.default)
 
 
-def _parse_value(flag: Flag, raw: Any, where: str | None) -> Any:
+def parse_value(flag: Flag, raw: Any, where: str | None) -> Any:
     """``raw`` parsed for ``flag``. ``where``: the variable it was read from, or ``None`` for a
     function argument (the message then names the argument, e.g. ``max_logits_mb``)."""
     given = raw
@@ -391,7 +390,7 @@ def validate_environment(platform_key: str | None = None) -> list[str]:
             if raw is None or raw.strip() == "":
                 continue
             try:
-                _parse_value(flag, raw, env_name)
+                parse_value(flag, raw, env_name)
             except ValueError as exc:
                 problems.append(str(exc))
     unknown = sorted(
@@ -436,7 +435,7 @@ def check_environment() -> None:
         if raw.strip() == "":
             continue
         try:
-            _parse_value(flag, raw, env_name)
+            parse_value(flag, raw, env_name)
         except ValueError as exc:
             bad.append(str(exc))
     if bad:

@@ -147,7 +147,7 @@ def test_tp_plot_names_the_extra_to_install(monkeypatch, tmp_path):
     from indexer.bench import tp
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
-    why = tp._plot([], tmp_path / "tp_speedup.png", "t")
+    why = tp.plot_speedup([], tmp_path / "tp_speedup.png", "t")
     assert "matplotlib is not installed" in why and "pip install 'indexer[plot]'" in why
 
 

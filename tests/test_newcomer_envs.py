@@ -56,8 +56,8 @@ def test_a_good_environment_is_checked_once(monkeypatch):
     monkeypatch.setenv("INDEXER_TOPK", "torch")
     _prefill()
     calls = []
-    real = envs._parse_value
-    monkeypatch.setattr(envs, "_parse_value", lambda *a: calls.append(a) or real(*a))
+    real = envs.parse_value
+    monkeypatch.setattr(envs, "parse_value", lambda *a: calls.append(a) or real(*a))
     envs.check_environment()
     envs.check_environment()
     assert calls == []  # the same INDEXER_* variables: nothing parsed again

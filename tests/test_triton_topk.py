@@ -107,7 +107,7 @@ def test_special_values_order_like_floats(path):
     masked = torch.where(inside, vals, float("-inf"))
     kw = dict(sampled=dict(SMALL_SAMPLE, tile=64), plain=dict(tile=64, sample_min=1 << 30), direct=dict(tile=1024))[path]
     stats = _check(vals.to(DEVICE), masked, starts, lengths, 40, cap=1024, **kw)
-    counter = dict(sampled=TC.STAT_SAMPLED, plain=TC.STAT_PLAIN, direct=TC.STAT_DIRECT)[path]
+    counter = dict(sampled=TC.STAT_SAMPLED, plain=TC.STAT_PLAIN, direct=TC.STAT_WHOLE)[path]
     assert stats[counter] == 4, stats
 
 
@@ -431,7 +431,7 @@ def test_direct_rows_with_the_chunked_write():
         if end < 2500:
             logits[r, end] = 1e30
     stats = _check(logits, masked, starts, lengths, 24, tile=2048, tile_write=False)
-    assert stats[TC.STAT_DIRECT] >= 3, stats
+    assert stats[TC.STAT_WHOLE] >= 3, stats
 
 
 @pytest.mark.parametrize("prefetch", [2, 3])
@@ -608,7 +608,7 @@ def test_fused_select_selects_the_same_sets(kw):
     # the select done by the filter kernel's own programs: every path, the second launch too
     logits, masked, starts, lengths = _case(10, 900, 24, seed=21, quantize=4.0, pad=3, min_length=100)
     stats = _check(logits, masked, starts, lengths, 24, cap=1024, fused=True, **dict(SMALL_SAMPLE, **kw))
-    path = TC.STAT_PLAIN if "sample_min" in kw else TC.STAT_DIRECT if kw.get("tile") == 1024 else TC.STAT_SAMPLED
+    path = TC.STAT_PLAIN if "sample_min" in kw else TC.STAT_WHOLE if kw.get("tile") == 1024 else TC.STAT_SAMPLED
     assert stats[path] >= 7, stats
 
 
@@ -620,7 +620,7 @@ def test_tile_write_selects_the_same_sets(kw):
     quantize = kw.pop("quantize", 4.0)
     logits, masked, starts, lengths = _case(10, 900, 24, seed=23, quantize=quantize, pad=3, min_length=100)
     stats = _check(logits, masked, starts, lengths, 24, cap=1024, tile_write=True, **dict(SMALL_SAMPLE, **kw))
-    path = TC.STAT_DIRECT if kw.get("tile") == 1024 else TC.STAT_SAMPLED
+    path = TC.STAT_WHOLE if kw.get("tile") == 1024 else TC.STAT_SAMPLED
     assert stats[path] >= 7, stats
     if quantize:  # the tie rule was needed: rows where the k-th value's ties do not all fit
         top = masked.sort(1, descending=True).values
@@ -691,7 +691,7 @@ def test_sample_kernel_tile_holds_the_filters_sample(slices):
         thr2 = torch.zeros(2 * len(lens), dtype=torch.int32, device=DEVICE)
         TK.sample_kernel[(len(lens),)](logits, starts, lens.to(DEVICE), t, tcol, thr2, cnt, wpos, ctl, len(lens),
                                        logits.stride(0), 0, K=8, SECOND=True, NP=np_, PIECE=piece, SPARSE=sparse,
-                                       SIGMAS=4.0, SLACK=1 / 32, LOW_BIT=8, DIRECT=8, SL=slices, num_warps=1)
+                                       SIGMAS=4.0, SLACK=1 / 32, LOW_BIT=8, WHOLE=8, SL=slices, num_warps=1)
         got.append((t, tcol, thr2))
         # the retry's threshold is deeper: at or below the first
         sampled = lens.to(DEVICE) > 8
@@ -741,7 +741,7 @@ def test_ballot_write_selects_the_same_sets(kw):
     stats = _check(logits, masked, starts, lengths, 256, ballot_write=True, **kw)
     # (lengths 1200-6000: about a sixth of the rows fit the 2048-slot tile)
     direct = kw.get("tile") == 2048
-    assert stats[TC.STAT_DIRECT if direct else TC.STAT_SAMPLED] >= (rows // 8 if direct else rows // 2), stats
+    assert stats[TC.STAT_WHOLE if direct else TC.STAT_SAMPLED] >= (rows // 8 if direct else rows // 2), stats
 
 
 @pytest.mark.parametrize("fused", [False, True])

@@ -76,8 +76,6 @@ class Backend(abc.ABC):
     cost_model: ClassVar[CostModel] = CostModel()
     uses_workspace: ClassVar[bool] = True
     """Whether :meth:`logits` writes into the plan's workspace (else its kernel allocates)."""
-    configurable_topk: ClassVar[bool] = False
-    """Whether :meth:`topk` follows ``INDEXER_TOPK``."""
     max_chunk_rows: ClassVar[int | None] = None
     """Cap on rows per chunk, for kernels whose arithmetic changes with the row count."""
     strided_out: ClassVar[bool] = True

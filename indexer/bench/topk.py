@@ -67,7 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, help="write the rows as JSON here")
     p.add_argument("--tune", action="store_true",
                    help="first time the Triton kernel's launch configs on the largest --context, print them, and use "
-                        "the fastest for this run's own Triton top-k rows (put it in CONFIGS in indexer/topk/triton/config.py to keep it)")
+                        "the fastest for this run's own Triton top-k rows (put it in CONFIGS in "
+                        "indexer/topk/triton/config.py to keep it)")
     p.add_argument("--tune-warps", default="4,8", help="filter kernel warps (filter_block = 128 x warps)")
     p.add_argument("--tune-per-sm", default="4,8")
     p.add_argument("--tune-select-warps", default="4,8")
@@ -80,7 +81,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune-presample", default="0,1", help="sample thresholds in a kernel of their own (1) or in the "
                                                            "filter kernel (0)")
     p.add_argument("--tune-ballot-write", default="1", help="select writes by warp ballots (1, NVIDIA) or a scan (0)")
-    p.add_argument("--tune-context", type=int, default=None, help="N of the tuning run (default: the largest --context)")
+    p.add_argument("--tune-context", type=int, default=None,
+                   help="N of the tuning run (default: the largest --context)")
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5) -> float:
@@ -256,8 +258,8 @@ def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float
                        name: str, n: int, m: int, out_rows: list[dict]) -> None:
     # one --dist point: its rows appended to out_rows
     from ..topk import row_topk
-    from ..topk.triton import ragged as T
-    from ..topk.triton import config as TC
+    from ..topk.triton import ragged
+    from ..topk.triton import config as topk_config
     from ..synthetic import logits_like
 
     k = args.topk
@@ -290,16 +292,17 @@ def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float
     idx = torch.empty(m, k, dtype=torch.int64, device=device)
     torch_row = add("torch.topk", lambda: torch.topk(logits, k, dim=1, out=(vals, idx)), same=False)
     stats = torch.zeros(5, dtype=torch.int32, device=device)
-    T.ragged_topk(logits, starts, lengths, k, out, stats=stats)
+    ragged.ragged_topk(logits, starts, lengths, k, out, stats=stats)
     s = stats.tolist()
-    slices = TC.auto_slices(device, m, n, TC.launch_config(device).programs_per_sm)
-    note = (f"sampled {s[TC.STAT_SAMPLED] / m:.0%}, plain {s[TC.STAT_PLAIN]}, whole-row {s[TC.STAT_DIRECT]}, "
-            f"retried {s[TC.STAT_RETRIED]}"
+    slices = topk_config.auto_slices(device, m, n, topk_config.launch_config(device).programs_per_sm)
+    note = (f"sampled {s[topk_config.STAT_SAMPLED] / m:.0%}, plain {s[topk_config.STAT_PLAIN]}, "
+            f"whole-row {s[topk_config.STAT_WHOLE]}, "
+            f"retried {s[topk_config.STAT_RETRIED]}"
             + (f"; {slices} programs a row" if slices > 1 else ""))
-    found = [add("triton", lambda: T.ragged_topk(logits, starts, lengths, k, out), note)]
-    whole = dataclasses.replace(TC.launch_config(device), slices=1)
+    found = [add("triton", lambda: ragged.ragged_topk(logits, starts, lengths, k, out), note)]
+    whole = dataclasses.replace(topk_config.launch_config(device), slices=1)
     if slices > 1:
-        found.append(add("triton, whole rows", lambda: T.ragged_topk(logits, starts, lengths, k, out,
+        found.append(add("triton, whole rows", lambda: ragged.ragged_topk(logits, starts, lengths, k, out,
                                                                               config=whole)))
     for label, fn in (extra or {}).items():
         found.append(add(label, lambda fn=fn: fn(logits, starts, lengths, k, out)))
@@ -335,8 +338,8 @@ def _tune(args: argparse.Namespace, device: torch.device):
     """Time the Triton top-k's launch configs side by side on the largest context and return
     the fastest that selected the torch path's sets (a :class:`TopkConfig`)."""
     from ..topk import row_topk
-    from ..topk.triton import ragged as T
-    from ..topk.triton import config as TC
+    from ..topk.triton import ragged
+    from ..topk.triton import config as topk_config
 
     n = args.tune_context or max(int_list(args.context))
     problem, _, logits = _late_chunk_logits(args, device, n)
@@ -353,15 +356,15 @@ def _tune(args: argparse.Namespace, device: torch.device):
             for w in int_list(args.tune_warps) for p in int_list(args.tune_per_sm)
             for f in int_list(args.tune_fused) for s in (int_list(args.tune_select_warps) if not f else [w])
             for d in int_list(args.tune_prefetch) for tw in int_list(args.tune_tile_write)
-            for fr in (int_list(args.tune_filter_maxnreg) if TC.is_nvidia(device) else [0])
-            for sr in (int_list(args.tune_select_maxnreg) if TC.is_nvidia(device) else [0])
+            for fr in (int_list(args.tune_filter_maxnreg) if topk_config.is_nvidia(device) else [0])
+            for sr in (int_list(args.tune_select_maxnreg) if topk_config.is_nvidia(device) else [0])
             for dy in int_list(args.tune_dynamic) for ps in int_list(args.tune_presample)
-            for bw in (int_list(args.tune_ballot_write) if TC.is_nvidia(device) else [0])
+            for bw in (int_list(args.tune_ballot_write) if topk_config.is_nvidia(device) else [0])
             # a filter cap only where a config's would apply (the filter that only streams),
             # so that the config installed is the one measured
             if not (fr and (f or not ps))]
     # the config in use is always a candidate: a grid that misses it cannot install a slower one
-    config = TC.launch_config(device)
+    config = topk_config.launch_config(device)
     as_row = dict(config.__dict__, filter_maxnreg=config.streaming_filter_maxnreg or 0,
                   select_maxnreg=config.select_maxnreg or 0, presample=bool(config.presample))
     current = {key: as_row[key] for key in grid[0]} if grid else {}
@@ -376,7 +379,8 @@ def _tune(args: argparse.Namespace, device: torch.device):
 
     for cfg in grid:
         # device time: the host's launch time is the same for every config
-        ms = queued_median_ms(lambda: T.ragged_topk(logits, starts, lengths, args.topk, out, config=to_config(cfg)),
+        config_i = to_config(cfg)
+        ms = queued_median_ms(lambda: ragged.ragged_topk(logits, starts, lengths, args.topk, out, config=config_i),
                               device, warmup=1, repeats=args.repeats)
         rows.append(dict(cfg, ms=ms, same=_same(out, ref)))
     # only a config that selected the torch path's sets can be the best
@@ -390,7 +394,7 @@ def _tune(args: argparse.Namespace, device: torch.device):
                        ("presample", "presample", "d"), ("ballot_write", "ballot write", "d"), ("ms", "ms", ".3f"),
                        ("same", "same set", ".1%")]))
     best = to_config({key: value for key, value in rows[0].items() if key not in ("ms", "same")})
-    print(f"best for {TC._arch(device)}: {best} (used by this run's own Triton top-k rows; prefill_topk keeps "
+    print(f"best for {topk_config._arch(device)}: {best} (used by this run's own Triton top-k rows; prefill_topk keeps "
           "CONFIGS)")
     return best
 
@@ -437,7 +441,7 @@ def _fused(args: argparse.Namespace, device: torch.device) -> list[dict]:
     and fused, side by side; each with its peak of memory beyond the inputs and output."""
     from ..backends import get_backend
     from ..backends.base import single_chunk
-    from ..backends.triton import fused_experimental as F
+    from ..backends.triton import fused_experimental
     from ..backends.triton import kernels as tk
     from ..topk.triton.ragged import ragged_topk
 
@@ -461,7 +465,7 @@ def _fused(args: argparse.Namespace, device: torch.device) -> list[dict]:
             ways["deepgemm + triton top-k"] = deepgemm
         ways["triton + triton top-k"] = lambda: ragged_topk(tk.mqa_logits(q, k, k_scale, w, starts, ends), starts,
                                                             lengths, args.topk, out)
-        ways["fused triton"] = lambda: F.logits_topk(q, k, k_scale, w, starts, ends, args.topk, out)
+        ways["fused triton"] = lambda: fused_experimental.logits_topk(q, k, k_scale, w, starts, ends, args.topk, out)
         results, found = {}, {}
         for name, fn in ways.items():
             ms = median_ms(fn, device, warmup=1, repeats=args.repeats)

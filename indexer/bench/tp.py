@@ -264,7 +264,7 @@ PLOT_EXTRA = "pip install 'indexer[plot]'"
 """How to get matplotlib for the plot (pyproject's ``plot`` extra)."""
 
 
-def _plot(rows: list[dict], path: Path, title: str) -> str | None:
+def plot_speedup(rows: list[dict], path: Path, title: str) -> str | None:
     """Writes the speedup plot; ``None`` when done, else why not (with what to install)."""
     try:
         import matplotlib
@@ -321,7 +321,7 @@ def run(args: argparse.Namespace) -> int:
         w.writeheader()
         w.writerows(rows)
     title = f"indexer TP={tp} on {meta['gpu']} ({rows[0]['backend']}), H={cfg['heads']} D={cfg['head_dim']} topk={cfg['topk']}"
-    no_plot = _plot(rows, out / "tp_speedup.png", title)
+    no_plot = plot_speedup(rows, out / "tp_speedup.png", title)
     print(title)
     cols = [("config", "config", "s"), ("variant", "variant", "s"), ("strategy", "plan", "s"), ("reassembly", "exchange", "s"),
             ("rows_per_rank", "rows/rank", "s"), ("imbalance", "imbal.", ".3f"), ("compute_ms", "compute ms", ".2f"),

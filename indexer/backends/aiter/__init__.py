@@ -99,7 +99,6 @@ class AiterBackend(Backend):
     name = "aiter"
     cost_model = CostModel(per_key=1, per_width=0, per_row=3000)
     uses_workspace = False  # AITER allocates its own logits
-    configurable_topk = True
     # AITER's Triton logits kernel picks its MMA width from the row count (16-wide up to
     # 1024 rows, 32-wide above, read in its source): one regime for every chunk keeps a
     # row's bits the same whichever rank and chunk compute it

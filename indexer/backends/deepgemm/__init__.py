@@ -92,7 +92,6 @@ class DeepGemmBackend(Backend):
     # (clean + top-k) + 126 ns/row, i.e. per_row ~ 3000 keys.
     cost_model = CostModel(per_key=1, per_width=0, per_row=3000)
     uses_workspace = False  # DeepGEMM allocates its own (padded) output
-    configurable_topk = True
 
     def not_supported_reasons(self, problem: Problem | None) -> list[str]:
         reasons = []

@@ -28,7 +28,6 @@ def _kmod():
 class TritonBackend(Backend):
     name = "triton"
     cost_model = CostModel(per_key=1, per_width=0, per_row=3000)
-    configurable_topk = True
 
     def not_supported_reasons(self, problem: Problem | None) -> list[str]:
         reasons = _kmod().launch_reasons(problem.device if problem is not None else None)

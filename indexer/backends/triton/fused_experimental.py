@@ -38,12 +38,12 @@ from __future__ import annotations
 import torch
 
 from ...problem import validate
-from . import kernels as K
-from ...topk.triton import ragged as T
-from ...topk.triton import config as TC
-from ...topk.triton import kernels as TK
+from . import kernels as logits_kernels
+from ...topk.triton import ragged
+from ...topk.triton import config as topk_config
+from ...topk.triton import kernels as topk_kernels
 
-triton, tl = K.triton, K.tl
+triton, tl = logits_kernels.triton, logits_kernels.tl
 
 #: Most sampled keys a row (the threshold kernel holds a row's sample in registers).
 SAMPLE_KEYS = 4096
@@ -65,11 +65,12 @@ if triton is not None:
         s1 = (end + stride - 1) // stride
         j = tl.arange(0, SP)
         m = (j >= s0) & (j < s1)
-        skeys = tl.where(m, TK._skey(tl.load(sample_ptr + row * stride_sm + j, mask=m, other=0.0)), -2147483648)
+        sampled = tl.load(sample_ptr + row * stride_sm + j, mask=m, other=0.0)
+        skeys = tl.where(m, topk_kernels._skey(sampled), -2147483648)
         s = s1 - s0
-        t = TK._skey(tl.full((), float("-inf"), tl.float32))
+        t = topk_kernels._skey(tl.full((), float("-inf"), tl.float32))
         if (length > CAP) & (s > 0):
-            t = TK._sample_threshold(skeys, TK._sample_rank(K_, s, length, SIGMAS), SLACK, LOW_BIT)
+            t = topk_kernels._sample_threshold(skeys, topk_kernels._sample_rank(K_, s, length, SIGMAS), SLACK, LOW_BIT)
         tl.store(thr_ptr + row, t)
 
     @triton.jit
@@ -107,9 +108,9 @@ if triton is not None:
         pid = tl.program_id(0)
         rows = pid * BLOCK_Q + tl.arange(0, BLOCK_Q)
         rmask = rows < M
-        starts, ends, lo, hi = K._row_windows(starts_ptr, ends_ptr, rows, rmask, N)
-        q_t, w = K._keys_major_operands(q_ptr, w_ptr, pid, M, stride_qm, stride_wm, H, D, BLOCK_Q)
-        tf = TK._key_float(tl.load(thr_ptr + rows, mask=rmask, other=0))
+        starts, ends, lo, hi = logits_kernels._row_windows(starts_ptr, ends_ptr, rows, rmask, N)
+        q_t, w = logits_kernels._keys_major_operands(q_ptr, w_ptr, pid, M, stride_qm, stride_wm, H, D, BLOCK_Q)
+        tf = topk_kernels._key_float(tl.load(thr_ptr + rows, mask=rmask, other=0))
         WCAP: tl.constexpr = CAP // BLOCK_N
         lane = tl.arange(0, BLOCK_N)
         # the slots as int32 (value bits, then column: two 4-byte stores measured 5% faster
@@ -126,7 +127,8 @@ if triton is not None:
         for n0 in range(lo_t, hi_t, BLOCK_N):
             cols = n0 + lane
             cmask = cols < N
-            logit = K._keys_major_tile(k_ptr, k_scale_ptr, cols, cmask, stride_kn, q_t, w, H, D, BLOCK_Q, BLOCK_N)
+            logit = logits_kernels._keys_major_tile(k_ptr, k_scale_ptr, cols, cmask, stride_kn, q_t, w, H, D, BLOCK_Q,
+                                                    BLOCK_N)
             valid = (cols[:, None] >= starts[None, :]) & (cols[:, None] < ends[None, :])
             keep = valid & (~(logit < tf[None, :]))
             fits = keep & (off < slot0 + 2 * WCAP)
@@ -144,7 +146,7 @@ if triton is not None:
 def sample_stride(n: int) -> int:
     """Every how many keys the threshold's sample takes one: 32, or more past
     ``32 * SAMPLE_KEYS`` keys."""
-    return max(TC.SPARSE, -(-n // SAMPLE_KEYS))
+    return max(topk_config.SPARSE, -(-n // SAMPLE_KEYS))
 
 
 def logits_topk(
@@ -160,7 +162,7 @@ def logits_topk(
     cap: int | None = None,
     tile: int | None = None,
     select_warps: int = 8,
-    sigmas: float = TC.SIGMAS,
+    sigmas: float = topk_config.SIGMAS,
     stats: torch.Tensor | None = None,
 ) -> int:
     """Top-k keys of every row of the indexer logits, without writing the logits.
@@ -206,21 +208,21 @@ def logits_topk(
     if tuple(out.shape) != (m, topk) or out.dtype != torch.int32 or out.stride(1) != 1 or out.device != q.device:
         raise ValueError(f"out must be int32 [{m}, {topk}] with column stride 1 on {q.device}, got {out.dtype} "
                          f"{list(out.shape)} on {out.device}")
-    if not K.fused_supported(h):
+    if not logits_kernels.fused_supported(h):
         raise ValueError(f"q's heads H={h} must be a power of two up to 128")
     if d not in (32, 64, 128):
         raise ValueError(f"head dim D must be 32, 64 or 128, got {d}")
-    cap = TC.default_cap(topk) if cap is None else cap
+    cap = topk_config.default_cap(topk) if cap is None else cap
     tile = cap if tile is None else tile
-    lists = K.fused_config(h, d).block_n
-    if not (TC._pow2(cap) and TC._pow2(tile) and topk <= cap and lists <= tile <= cap <= 1 << 20):
+    lists = logits_kernels.fused_config(h, d).block_n
+    if not (topk_config._pow2(cap) and topk_config._pow2(tile) and topk <= cap and lists <= tile <= cap <= 1 << 20):
         raise ValueError(f"cap and tile must be powers of two with topk <= cap and {lists} (the key tile) <= tile <= "
                          f"cap <= 2**20; got cap={cap}, tile={tile}, topk={topk}")
-    if not (isinstance(select_warps, int) and TC._pow2(select_warps) and select_warps <= 16):
+    if not (isinstance(select_warps, int) and topk_config._pow2(select_warps) and select_warps <= 16):
         raise ValueError(f"select_warps must be a power of two up to 16, got {select_warps!r}")
     if not 0 < sigmas < float("inf"):
         raise ValueError(f"sigmas must be positive and finite, got {sigmas}")
-    TC._check_stats(stats, q.device)
+    topk_config._check_stats(stats, q.device)
     if m == 0:
         return 0
     device = q.device
@@ -233,7 +235,7 @@ def logits_topk(
 
     # 1. the sample's logits and the thresholds
     stride = sample_stride(n)
-    sample = K.mqa_logits(q, k[::stride], k_scale[::stride], weights, (starts + stride - 1) // stride,
+    sample = logits_kernels.mqa_logits(q, k[::stride], k_scale[::stride], weights, (starts + stride - 1) // stride,
                           (ends + stride - 1) // stride)
     thr = torch.empty(m, dtype=torch.int32, device=device)
     cand32 = torch.empty(m, 2 * cap, dtype=torch.int32, device=device)
@@ -242,16 +244,18 @@ def logits_topk(
     scratch = torch.zeros(m * (lists + 2) + 3, dtype=torch.int32, device=device)
     counts = scratch[: m * lists].view(m, lists)
     wpos, ctl = scratch[m * lists:].split((m, m + 3))
-    cfg = K.fused_config(h, d)
-    with K.device_guard(q):
+    cfg = logits_kernels.fused_config(h, d)
+    with logits_kernels.device_guard(q):
         _threshold_kernel[(m,)](sample, starts, ends, thr, sample.stride(0), stride, K_=topk, CAP=cap,
-                                SP=TC._next_pow2(sample.shape[1]), SIGMAS=float(sigmas), SLACK=float(TC.SAMPLE_SLACK),
+                                SP=topk_config._next_pow2(sample.shape[1]), SIGMAS=float(sigmas),
+                                SLACK=float(topk_config.SAMPLE_SLACK),
                                 LOW_BIT=8, num_warps=8)
         del sample
         # 2. the logits, filtered as they are computed
         logits_filter_kernel[(triton.cdiv(m, cfg.block_q),)](
             q, k, k_scale, weights, starts, ends, thr, cand32, counts, m, n, q.stride(0), k.stride(0),
-            weights.stride(0), H=h, D=d, BLOCK_Q=cfg.block_q, BLOCK_N=cfg.block_n, CAP=cap, PTX=TC.is_nvidia(device),
+            weights.stride(0), H=h, D=d, BLOCK_Q=cfg.block_q, BLOCK_N=cfg.block_n, CAP=cap,
+            PTX=topk_config.is_nvidia(device),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     # rows the lists cannot serve: the only device-to-host read
     bad = (lengths > topk) & ((counts.sum(1) < topk) | (counts.max(1).values > cap // lists))
@@ -260,29 +264,31 @@ def logits_topk(
     # 3. the select, on lists only (no row is read whole: those recomputed get length 0 here)
     sel_len = torch.where(bad, 0, lengths) if n_redo else lengths
     stats_arg = stats if stats is not None else sel_len
-    # DIRECT=topk: no row is selected on its logits (there are none); BLOCK: the plain
+    # WHOLE=topk: no row is selected on its logits (there are none); BLOCK: the plain
     # path's, never taken here
-    common = TC.select_constexprs(topk, lists, cap, topk, TC.DEFAULT_CONFIG.block, TC.RADIX_BITS, stats is not None)
-    with K.device_guard(q):
+    common = topk_config.select_constexprs(topk, lists, cap, topk, topk_config.DEFAULT_CONFIG.block,
+                                           topk_config.RADIX_BITS, stats is not None)
+    with logits_kernels.device_guard(q):
         # logits: a float32 placeholder, never read
-        selects = TC.select_launches(common, tile, cap, select_warps,
-                                     ballot_write=TC.is_nvidia(device) and TC.launch_config(device).ballot_write)
-        T._run_selects(device, m, selects, thr.view(torch.float32), starts, sel_len, out, cand32, counts, thr, ctl,
+        selects = topk_config.select_launches(common, tile, cap, select_warps,
+                                     ballot_write=(topk_config.is_nvidia(device)
+                                                   and topk_config.launch_config(device).ballot_write))
+        ragged._run_selects(device, m, selects, thr.view(torch.float32), starts, sel_len, out, cand32, counts, thr, ctl,
                        wpos, stats_arg, 0, 0)
     del cand32, scratch, counts, ctl, wpos, thr  # free before the fallback's logits
     if n_redo:
         if stats is not None:
             # the select counted them as short (length 0 there); the fallback's select
             # counts each on its own path
-            stats[TC.STAT_SHORT] -= n_redo
+            stats[topk_config.STAT_SHORT] -= n_redo
         # the unfused way for those rows, their logits, then the ragged top-k, in pieces of
         # at most the candidate lists' bytes
         per = max(1, (8 * cap * m) // (4 * n))
         for i in range(0, n_redo, per):
             rows = redo[i: i + per]
-            logits = K.mqa_logits(q[rows], k, k_scale, weights[rows], starts[rows], ends[rows])
+            logits = logits_kernels.mqa_logits(q[rows], k, k_scale, weights[rows], starts[rows], ends[rows])
             sub = torch.empty(rows.numel(), topk, dtype=torch.int32, device=device)
-            T.ragged_topk(logits, starts[rows], lengths[rows], topk, sub, stats=stats)
+            ragged.ragged_topk(logits, starts[rows], lengths[rows], topk, sub, stats=stats)
             out[rows] = sub
             del logits
     return n_redo

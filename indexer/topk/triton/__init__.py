@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from .config import (
-    STAT_DIRECT,
+    STAT_WHOLE,
     STAT_PLAIN,
     STAT_RETRIED,
     STAT_SAMPLED,
@@ -22,6 +22,6 @@ from .launch import device_guard, is_available, launch_reasons
 from .ragged import RaggedTopk, ragged_topk
 
 __all__ = [
-    "STAT_DIRECT", "STAT_PLAIN", "STAT_RETRIED", "STAT_SAMPLED", "STAT_SHORT", "RaggedTopk", "TopkConfig", "device_guard",
+    "STAT_WHOLE", "STAT_PLAIN", "STAT_RETRIED", "STAT_SAMPLED", "STAT_SHORT", "RaggedTopk", "TopkConfig", "device_guard",
     "is_available", "launch_config", "launch_reasons", "ragged_topk", "scratch_bytes_per_row",
 ]

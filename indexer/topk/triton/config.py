@@ -46,7 +46,7 @@ MAX_SLICES, SLICE_MIN = 64, 16384
 #: on the row itself (longer than k, within the select tile); these four count each row
 #: once. With a fifth entry, rows filtered a second time (the retry, fewer than k keys
 #: through the first threshold), whichever path then served them.
-STAT_SHORT, STAT_SAMPLED, STAT_PLAIN, STAT_DIRECT, STAT_RETRIED = 0, 1, 2, 3, 4
+STAT_SHORT, STAT_SAMPLED, STAT_PLAIN, STAT_WHOLE, STAT_RETRIED = 0, 1, 2, 3, 4
 
 
 def _int(x) -> bool:
@@ -361,7 +361,7 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
     if presample:
         # up to 16 warps, 32 keys a thread at SAMPLE_MAX
         sample_kw = LaunchKw(K=topk, NP=runs, PIECE=piece, SPARSE=c.sparse, SIGMAS=float(c.sigmas),
-                             SLACK=float(c.sample_slack), LOW_BIT=c.sample_low_bit, DIRECT=tile, SL=slices,
+                             SLACK=float(c.sample_slack), LOW_BIT=c.sample_low_bit, WHOLE=tile, SL=slices,
                              SECOND=second, num_warps=max(1, min(16, runs * piece // 1024)))
     # split rows retry in a launch of their own (rows strided over its programs)
     retry_kw = LaunchKw(filter_kw, RETRY=True, DYNAMIC=False) if slices > 1 else None
@@ -387,10 +387,10 @@ def _check_stats(stats: torch.Tensor | None, device: torch.device) -> None:
                          f"{stats.dtype} {list(stats.shape)} on {stats.device}")
 
 
-def select_constexprs(topk: int, lists: int, cap: int, direct: int, block: int, radix_bits: int, stats: bool) -> dict:
+def select_constexprs(topk: int, lists: int, cap: int, whole: int, block: int, radix_bits: int, stats: bool) -> dict:
     """Constexprs the filter and select kernels share: ``lists`` candidate lists of ``cap //
-    lists`` slots a row, rows up to ``direct`` keys selected on the row itself."""
-    return dict(K=topk, KP=_next_pow2(topk), W=lists, WCAP=cap // lists, DIRECT=direct, BLOCK=block,
+    lists`` slots a row, rows up to ``whole`` keys selected on the row itself (whole)."""
+    return dict(K=topk, KP=_next_pow2(topk), W=lists, WCAP=cap // lists, WHOLE=whole, BLOCK=block,
                 RADIX_BITS=radix_bits, R=1 << radix_bits, STATS=stats)
 
 

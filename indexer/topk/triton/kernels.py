@@ -527,7 +527,7 @@ if triton is not None:
         SIGMAS: tl.constexpr,
         SLACK: tl.constexpr,
         LOW_BIT: tl.constexpr,
-        DIRECT: tl.constexpr,
+        WHOLE: tl.constexpr,
         BALLOT: tl.constexpr,
         DEPTH: tl.constexpr,
         DYNAMIC: tl.constexpr,
@@ -545,7 +545,7 @@ if triton is not None:
         SECOND: tl.constexpr,
         RETRIES: tl.constexpr,
     ):
-        """Rows longer than ``DIRECT`` (and at least ``sample_min``): the threshold
+        """Rows longer than ``WHOLE`` (and at least ``sample_min``): the threshold
         ``(thr[row], tcol[row])`` (:func:`_sample_cut`) and the keys at or above it in lists
         of ``WCAP`` slots (value bits in the low word, column in the high one) within the
         row's ``CAP``. With ``SL == 1`` a program filters a whole row into ``W`` lists, one a
@@ -581,7 +581,7 @@ if triton is not None:
             row32 = unit // SL
             row = row32 + tl.zeros((), tl.int64)  # 64-bit offsets (an int under the interpreter)
             length = tl.load(lengths_ptr + row).to(tl.int32)
-            if _sampled_row(length, sample_min, DIRECT):
+            if _sampled_row(length, sample_min, WHOLE):
                 base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
                 cand = cand_ptr + row * CAP
                 if SL == 1:
@@ -637,7 +637,7 @@ if triton is not None:
                 # one thread stored the threshold; every thread of the select reads it
                 tl.debug_barrier()
                 _select_row(row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr,
-                            wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW, DIRECT, CH,
+                            wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW, WHOLE, CH,
                             BLOCK, RADIX_BITS, R, True, False, STATS, WB)
                 # the next row's candidates and counts are other slots, but the tile's
                 # scratch for reductions is shared: keep the rows apart
@@ -648,10 +648,10 @@ if triton is not None:
                 unit += nprog
 
     @triton.jit
-    def _sampled_row(length, sample_min, DIRECT: tl.constexpr):
+    def _sampled_row(length, sample_min, WHOLE: tl.constexpr):
         # whether a row is filtered (and so sampled): longer than the select tile that takes
         # it whole, and at least sample_min (shorter ones take the fallback path)
-        return (length > DIRECT) & (length >= sample_min)
+        return (length > WHOLE) & (length >= sample_min)
 
     @triton.jit
     def _row_sample(length, pp, pj, NP: tl.constexpr, PIECE: tl.constexpr, SPARSE: tl.constexpr):
@@ -677,7 +677,7 @@ if triton is not None:
         SIGMAS: tl.constexpr,
         SLACK: tl.constexpr,
         LOW_BIT: tl.constexpr,
-        DIRECT: tl.constexpr,
+        WHOLE: tl.constexpr,
         SL: tl.constexpr,
         SECOND: tl.constexpr,
     ):
@@ -700,7 +700,7 @@ if triton is not None:
             c = tl.arange(0, 4)
             tl.store(ctl_ptr + c, tl.zeros((4,), tl.int32), mask=c < 3)
         length = tl.load(lengths_ptr + row).to(tl.int32)
-        if _sampled_row(length, sample_min, DIRECT):
+        if _sampled_row(length, sample_min, WHOLE):
             base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
             si = tl.arange(0, NP * PIECE)
             sidx, smask, s, spread = _row_sample(length, si // PIECE, si % PIECE, NP, PIECE, SPARSE)
@@ -734,7 +734,7 @@ if triton is not None:
         W: tl.constexpr,
         WCAP: tl.constexpr,
         STW: tl.constexpr,
-        DIRECT: tl.constexpr,
+        WHOLE: tl.constexpr,
         CH: tl.constexpr,
         BLOCK: tl.constexpr,
         RADIX_BITS: tl.constexpr,
@@ -745,7 +745,7 @@ if triton is not None:
         WB: tl.constexpr,
     ):
         """The top k of one row (its candidates filtered already, if it is longer than
-        ``DIRECT``) with a tile of ``STW`` slots a list. A first launch (``FIRST``) queues
+        ``WHOLE``) with a tile of ``STW`` slots a list. A first launch (``FIRST``) queues
         (:func:`_defer`) the rows whose lists do not fit the tile, for a later one with a
         tile as large as the lists; without ``PLAIN`` it leaves the fallback path's rows and
         rows tied at the k-th key to that launch too (for the fused filter kernel's
@@ -761,10 +761,10 @@ if triton is not None:
             if STATS:
                 tl.atomic_add(stats_ptr + 0, 1)
         else:
-            direct = length <= DIRECT
+            whole = length <= WHOLE
             # 0: select on the tile, 1: fallback path, 2: a later launch
             path = tl.full((), 0, tl.int32)
-            if direct:
+            if whole:
                 keys = tl.where(idx < length, _skey(tl.load(base + idx, mask=idx < length, other=0.0)), -2147483648)
                 lo = tl.min(tl.where(idx < length, keys, 2147483647), axis=0)
                 total = length
@@ -803,7 +803,7 @@ if triton is not None:
                     if tied:
                         # ties at the k-th key: the `need` lowest columns, found by the same
                         # search on -column - 1
-                        if direct:
+                        if whole:
                             col = idx
                         else:
                             col = tl.load(_slot(cand32_ptr, row, idx, CAP, WCAP, STW) + 1, mask=eq, other=0)
@@ -812,7 +812,7 @@ if triton is not None:
                     if CH >= T:
                         # the write from the tile in registers: one scan (or ballot), and the
                         # columns of the selected slots only
-                        if direct:
+                        if whole:
                             ci = idx
                         else:
                             ci = tl.load(_slot(cand32_ptr, row, idx, CAP, WCAP, STW) + 1, mask=sel, other=0)
@@ -823,7 +823,7 @@ if triton is not None:
                         taken = tl.full((), 0, tl.int32)
                         for c0 in range(0, T, CH):
                             i = c0 + tl.arange(0, CH)
-                            if direct:
+                            if whole:
                                 m = i < length
                                 key = _skey(tl.load(base + i, mask=m, other=0.0))
                                 ci = i
@@ -834,7 +834,7 @@ if triton is not None:
                             take = m & ((key > kth) | ((key == kth) & (ci <= colth)))
                             taken = _write_out(obase, take, ci, wpos_ptr + row, taken, WB)
                     if STATS:
-                        tl.atomic_add(stats_ptr + tl.where(direct, 3, 1), 1)
+                        tl.atomic_add(stats_ptr + tl.where(whole, 3, 1), 1)
             elif path == 1:
                 if PLAIN:
                     kth, need = _kth_largest(base, length, K, BLOCK, RADIX_BITS, R)
@@ -851,7 +851,7 @@ if triton is not None:
         W: tl.constexpr,
         WCAP: tl.constexpr,
         STW: tl.constexpr,
-        DIRECT: tl.constexpr,
+        WHOLE: tl.constexpr,
         CH: tl.constexpr,
         BLOCK: tl.constexpr,
         RADIX_BITS: tl.constexpr,
@@ -869,7 +869,7 @@ if triton is not None:
         if FIRST:
             _select_row(pid.to(tl.int64), tl.load(lengths_ptr + pid).to(tl.int32), logits_ptr, starts_ptr, out_ptr,
                         cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, K,
-                        KP, W, WCAP, STW, DIRECT, CH, BLOCK, RADIX_BITS, R, True, True, STATS, WB)
+                        KP, W, WCAP, STW, WHOLE, CH, BLOCK, RADIX_BITS, R, True, True, STATS, WB)
         else:
             queued = tl.load(ctl_ptr + 1)
             i = pid
@@ -877,7 +877,7 @@ if triton is not None:
                 row = tl.load(ctl_ptr + 3 + i).to(tl.int64)
                 _select_row(row, tl.load(lengths_ptr + row).to(tl.int32), logits_ptr, starts_ptr, out_ptr, cand32_ptr,
                             cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W,
-                            WCAP, STW, DIRECT, CH, BLOCK, RADIX_BITS, R, False, True, STATS, WB)
+                            WCAP, STW, WHOLE, CH, BLOCK, RADIX_BITS, R, False, True, STATS, WB)
                 i = tl.num_programs(0) + tl.atomic_add(ctl_ptr + 2, 1)
 
 

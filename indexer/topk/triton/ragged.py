@@ -105,7 +105,7 @@ def ragged_topk(
             on it.
         stats: Optional contiguous int32 ``[4]`` or ``[5]`` on the logits' device; the kernel adds
             each row to one counter (``STAT_SHORT``, ``STAT_SAMPLED``, ``STAT_PLAIN``,
-            ``STAT_DIRECT``) and, with a fifth entry, each retried row to ``STAT_RETRIED``.
+            ``STAT_WHOLE``) and, with a fifth entry, each retried row to ``STAT_RETRIED``.
         direct_launch: On NVIDIA, launch a kernel's compiled variant directly once Triton's
             JIT has chosen it for the arguments' specialization (:mod:`.launch`: less host
             time a call). ``None``: ``INDEXER_TRITON_DIRECT_LAUNCH`` (on by default).
