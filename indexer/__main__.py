@@ -1,3 +1,5 @@
+"""``python -m indexer``: the command line (:mod:`indexer.cli`)."""
+
 import sys
 
 from .cli import main

@@ -16,6 +16,9 @@ call of each (H, D) variant JIT-compiles with nvcc (cached in ``DG_JIT_CACHE_DIR
 from __future__ import annotations
 
 import functools
+import importlib
+import inspect
+import sys
 
 import torch
 
@@ -53,31 +56,71 @@ _HEAD_DIMS = (32, 64, 128)
 _INSTALL_HINT = "install DeepGEMM built for your torch (docs/install.md, 'DeepGEMM (NVIDIA)')"
 
 
+#: Where DeepGEMM is looked for, in order: the package itself, then the copy vLLM ships (only
+#: where vLLM is already imported: the engine's own process; importing vLLM here would be
+#: slow and have side effects).
+SOURCES = ("deep_gemm", "vllm.third_party.deep_gemm")
+
+
+def _import_deep_gemm() -> tuple[object | None, str, str]:
+    """``(module, its name, "")`` for the first of :data:`SOURCES` that imports, else
+    ``(None, "", why not)``."""
+    why = []
+    for name in SOURCES:
+        if name.startswith("vllm.") and "vllm" not in sys.modules:
+            why.append(f"{name} not tried (vLLM not imported)")
+            continue
+        try:
+            return importlib.import_module(name), name, ""
+        except Exception as exc:  # noqa: BLE001 - any import failure is a reason, not a crash
+            kind = "not installed" if isinstance(exc, ModuleNotFoundError) else \
+                f"import failed ({type(exc).__name__}: {exc})"
+            why.append(f"{name} {kind}")
+    return None, "", "; ".join(why)
+
+
+def _keywords(fn) -> set[str]:
+    """The keyword names ``fn`` takes: from its signature, or (pybind11 functions) from the
+    signature its docstring states."""
+    try:
+        params = inspect.signature(fn).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return set(params)
+    except (TypeError, ValueError):
+        pass
+    doc = getattr(fn, "__doc__", "") or ""
+    return {word for word in ("clean_logits", "max_seqlen_k") if word in doc}
+
+
 @functools.lru_cache(maxsize=1)
 def _load() -> tuple[object | None, bool, str]:
-    """``(logits function, whether it writes compressed rows, "")`` or ``(None, False, why
-    not)``; imports deep_gemm once. The function is called as ``fn(q, kv, weights, ks, ke,
-    max_seqlen_k)``: 0 for full-width rows, else compressed rows of that many columns."""
-    try:
-        import deep_gemm
-    except Exception as exc:  # noqa: BLE001 - any import failure is a reason, not a crash
-        kind = "not installed" if isinstance(exc, ModuleNotFoundError) else f"import failed ({type(exc).__name__}: {exc})"
-        return None, False, f"deep_gemm {kind}; {_INSTALL_HINT}"
+    """``(logits function, whether it writes compressed rows, what was found)`` or ``(None,
+    False, why not)``; imports DeepGEMM once. The function is called as ``fn(q, kv, weights,
+    ks, ke, max_seqlen_k)``: 0 for full-width rows, else compressed rows of that many
+    columns."""
+    deep_gemm, source, why = _import_deep_gemm()
+    if deep_gemm is None:
+        return None, False, f"DeepGEMM: {why}; {_INSTALL_HINT}"
     for name, pair in (("fp8_fp4_mqa_logits", True), ("fp8_mqa_logits", False)):
         fn = getattr(deep_gemm, name, None)
         if fn is None:
             continue
-        # pybind11 states the keywords in the docstring's signature
-        compressed = "max_seqlen_k" in (getattr(fn, "__doc__", "") or "")
+        keywords = _keywords(fn)
+        compressed = "max_seqlen_k" in keywords
+        # clean_logits=False where the function takes it: every top-k here reads each row's
+        # window only, so the pass that writes -inf around the windows is not needed (a copy
+        # without the keyword, as vLLM's, cleans: the same windows, one pass more)
+        clean = dict(clean_logits=False) if "clean_logits" in keywords else {}
 
-        def logits(q, kv, weights, ks, ke, max_seqlen_k, fn=fn, pair=pair, compressed=compressed):
-            # clean_logits=False: every top-k here reads each row's window only, so the
-            # pass that writes -inf around the windows is not needed
+        def logits(q, kv, weights, ks, ke, max_seqlen_k, fn=fn, pair=pair, compressed=compressed, clean=clean):
             extra = dict(max_seqlen_k=max_seqlen_k) if compressed else {}
-            return fn((q, None) if pair else q, kv, weights, ks, ke, clean_logits=False, **extra)
+            return fn((q, None) if pair else q, kv, weights, ks, ke, **clean, **extra)
 
-        return logits, compressed, ""
-    return None, False, f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has neither fp8_mqa_logits nor fp8_fp4_mqa_logits"
+        found = f"{source}.{name}" + (", compressed rows" if compressed else "") + \
+            ("" if clean else ", cleans its logits")
+        return logits, compressed, found
+    return None, False, (f"{source} {getattr(deep_gemm, '__version__', '?')} has neither fp8_mqa_logits nor "
+                         "fp8_fp4_mqa_logits")
 
 
 def _align(x: torch.Tensor, to: int) -> torch.Tensor:
@@ -122,9 +165,14 @@ class DeepGemmBackend(Backend):
     def notes(self, problem: Problem) -> list[str]:
         arch = platform_for_device(problem.device).arch if problem.device.type == "cuda" else "sm90"
         hp = padded_heads(problem.num_heads, arch)
+        notes = []
         if hp is not None and hp != problem.num_heads:
-            return [f"H={problem.num_heads} padded to {hp} heads with zero weights (DeepGEMM on {arch} runs {_ARCH_HEADS[arch]})"]
-        return []
+            notes.append(f"H={problem.num_heads} padded to {hp} heads with zero weights (DeepGEMM on {arch} runs "
+                         f"{_ARCH_HEADS[arch]})")
+        fn, _, found = _load()
+        if fn is not None:
+            notes.append(f"logits by {found}")
+        return notes
 
     def chunk_bytes(self, rows: torch.Tensor, width: torch.Tensor, problem: Problem) -> torch.Tensor:
         # DeepGEMM's padded float32 rows, the tie check's compare mask, the top-k's temporaries
