@@ -377,27 +377,33 @@ def parse_value(flag: Flag, raw: Any, where: str | None) -> Any:
         raise ValueError(f"{where}: bad value {raw!r}; allowed: {flag.allowed()}") from None
 
 
+def environment() -> tuple[tuple[str, str], ...]:
+    """The ``INDEXER_*`` variables set now, as sorted ``(name, value)`` pairs (what a plan
+    depends on: :mod:`indexer.plan_cache` keys on it)."""
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("INDEXER_")))
+
+
+def _environment_problems(items: tuple[tuple[str, str], ...]) -> tuple[list[str], list[str]]:
+    """``(a message per bad value, the unknown names)`` of ``items`` (:func:`environment`'s)."""
+    bad, unknown = [], []
+    for env_name, raw in items:
+        flag = _flag_of(env_name)
+        if flag is None:
+            unknown.append(env_name)
+        elif raw.strip() != "":
+            try:
+                parse_value(flag, raw, env_name)
+            except ValueError as exc:
+                bad.append(str(exc))
+    return bad, unknown
+
+
 def validate_environment(platform_key: str | None = None) -> list[str]:
     """Parse every set flag and return one message per bad value or unknown ``INDEXER_*``
     name (empty when all good). Every platform's variants are checked, whatever
     ``platform_key`` is."""
-    problems = []
-    for flag in flags():
-        keys = PLATFORM_KEYS if flag.per_platform else ()
-        names = [flag.env_name] + [flag.platform_env_name(k) for k in keys]
-        for env_name in names:
-            raw = os.environ.get(env_name)
-            if raw is None or raw.strip() == "":
-                continue
-            try:
-                parse_value(flag, raw, env_name)
-            except ValueError as exc:
-                problems.append(str(exc))
-    unknown = sorted(
-        n for n in os.environ if n.startswith("INDEXER_") and not _is_known_env_name(n)
-    )
-    problems.extend(_unknown_message(n) for n in unknown)
-    return problems
+    bad, unknown = _environment_problems(environment())
+    return bad + [_unknown_message(n) for n in unknown]
 
 
 class UnknownFlagWarning(UserWarning):
@@ -421,23 +427,14 @@ def check_environment() -> None:
         ValueError: Naming each bad variable, its value and the allowed values.
     """
     global _checked_env
-    items = tuple((k, v) for k, v in os.environ.items() if k.startswith("INDEXER_"))
+    items = environment()
     if items == _checked_env:
         return
-    bad = []
-    for env_name, raw in items:
-        flag = _flag_of(env_name)
-        if flag is None:
-            if env_name not in _warned_unknown:
-                _warned_unknown.add(env_name)
-                warnings.warn(_unknown_message(env_name), UnknownFlagWarning, stacklevel=3)
-            continue
-        if raw.strip() == "":
-            continue
-        try:
-            parse_value(flag, raw, env_name)
-        except ValueError as exc:
-            bad.append(str(exc))
+    bad, unknown = _environment_problems(items)
+    for env_name in unknown:
+        if env_name not in _warned_unknown:
+            _warned_unknown.add(env_name)
+            warnings.warn(_unknown_message(env_name), UnknownFlagWarning, stacklevel=3)
     if bad:
         raise ValueError("; ".join(bad))
     _checked_env = items

@@ -15,13 +15,13 @@ of the workspaces.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from typing import Callable
 
 import torch
 
+from . import envs
 from .backends import is_registered_instance, registry_key
 from .problem import Problem
 from .workspace import _owner, on_release
@@ -30,13 +30,12 @@ SIZE = 4
 """Plans kept (least recently used dropped first): a few distinct steps in flight."""
 
 _lock = threading.Lock()
-_plans: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor, object]] = OrderedDict()
+_plans: OrderedDict[tuple, object] = OrderedDict()  # key -> plan (its problem holds the bounds)
 
 
 def _key(problem: Problem, group: object | None, options: tuple) -> tuple:
-    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("INDEXER_")))
-    return (problem.shape_key(), problem.fp8_dtype, problem.device, _owner(problem.device), id(group), options, env,
-            registry_key())
+    return (problem.shape_key(), problem.fp8_dtype, problem.device, _owner(problem.device), id(group), options,
+            envs.environment(), registry_key())
 
 
 def cached_plan(problem: Problem, group: object | None, options: dict, make: Callable[[], object],
@@ -49,7 +48,7 @@ def cached_plan(problem: Problem, group: object | None, options: dict, make: Cal
         problem: The call's validated problem (host bounds in ``starts_host``/``ends_host``).
         group: The call's process group or ``None``.
         options: The call's keyword settings (hashable values).
-        make: Builds the plan on a miss.
+        make: Builds the plan on a miss (a :class:`indexer.StepPlan` of ``problem``).
         reuse: ``False`` plans afresh and keeps nothing.
     """
     if not reuse:
@@ -57,13 +56,13 @@ def cached_plan(problem: Problem, group: object | None, options: dict, make: Cal
     key = _key(problem, group, tuple(sorted(options.items())))
     with _lock:
         hit = _plans.get(key)
-        if (hit is not None and torch.equal(hit[0], problem.starts_host) and torch.equal(hit[1], problem.ends_host)
-                and is_registered_instance(hit[2].backend)):
+        if (hit is not None and torch.equal(hit.problem.starts_host, problem.starts_host)
+                and torch.equal(hit.problem.ends_host, problem.ends_host) and is_registered_instance(hit.backend)):
             _plans.move_to_end(key)
-            return hit[2]
+            return hit
     plan = make()
     with _lock:
-        _plans[key] = (problem.starts_host, problem.ends_host, plan)
+        _plans[key] = plan
         _plans.move_to_end(key)
         while len(_plans) > SIZE:
             _plans.popitem(last=False)

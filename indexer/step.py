@@ -366,18 +366,14 @@ _AUTO_ORDER = ("balanced", "contiguous", "remainder0", "fold", "striped")
 
 
 class _Clock:
-    """Wall time between laps, device-synchronised; a no-op unless enabled."""
+    """Wall time between laps, device-synchronised (``prefill_topk_with_info(timing=True)``)."""
 
-    def __init__(self, device: torch.device, enabled: bool = True) -> None:
-        self.enabled = enabled
+    def __init__(self, device: torch.device) -> None:
         self.sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-        if enabled:
-            self.sync()
-            self.t = time.perf_counter()
+        self.sync()
+        self.t = time.perf_counter()
 
-    def lap(self) -> float | None:
-        if not self.enabled:
-            return None
+    def lap(self) -> float:
         self.sync()
         now = time.perf_counter()
         ms, self.t = (now - self.t) * 1e3, now
