@@ -879,6 +879,9 @@ def _key_cases():
     yield "two far clusters", skey(clusters)
     yield "one key", torch.tensor([-7], dtype=torch.int32)
     yield "three keys", torch.tensor([i32.min + 1, 5, i32.max], dtype=torch.int32)
+    yield "steps with gaps", (torch.arange(256) // 16 * (1 << 20)).to(torch.int32)
+    yield "two values far apart", torch.where(torch.rand(256, generator=g) < 0.3, 1 << 30, -(1 << 30)).to(torch.int32)
+    yield "ties at the largest key", torch.where(torch.arange(256) % 3 == 0, i32.max, torch.arange(256)).to(torch.int32)
 
 
 @pytest.mark.parametrize("bisect_after,span", [
@@ -900,3 +903,4 @@ def test_select_search_meets_the_bit_searchs_contract(bisect_after, span):
                 x = int(out.item())
                 above = int((keys >= x).sum())
                 assert above >= need and (above == need or x == int(ordered[need - 1])), (name, need, below, x, above)
+
