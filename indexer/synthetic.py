@@ -157,3 +157,130 @@ def logits_like(name: str, rows: int, n: int, device: torch.device | str = "cpu"
     elif name == "relu_zeros":
         x = (x - 2.5).clamp_min_(0.0)
     return x
+
+
+@dataclass
+class VllmPrefillStep:
+    """One step's indexer inputs laid out as vLLM's metadata builder lays them out
+    (:func:`vllm_prefill_step`).
+
+    Attributes:
+        q: fp8 ``[T, H, D]``, decode rows first, then each request's prefill rows.
+        weights: float32 ``[T, H]``.
+        chunks: The prefill chunks, each with ``token_start``, ``token_end``,
+            ``cu_seqlen_ks``, ``cu_seqlen_ke`` (int32, the rows' windows in the key
+            workspace), ``skip_kv_gather``, ``local_total_seq_lens``,
+            ``max_local_total_seq_lens`` and ``requests`` (the request indices it gathers).
+        keys, scales: Per request, its fp8 ``[seq_len, D]`` keys and float32 ``[seq_len]``
+            scales (the KV cache the gather reads).
+        workspace_keys: Rows the key workspace needs (the largest gathering).
+    """
+
+    q: torch.Tensor
+    weights: torch.Tensor
+    chunks: list
+    keys: list
+    scales: list
+    workspace_keys: int
+
+    def gather(self, chunk, k_quant: torch.Tensor, k_scale: torch.Tensor) -> None:
+        """Fill the workspace with ``chunk``'s requests' keys, packed, as vLLM's
+        ``cp_gather_indexer_k_quant_cache`` does: ``k_quant`` fp8 ``[>= n, D]``, ``k_scale``
+        uint8 ``[>= n, 4]`` (each row a float32's bytes)."""
+        at = 0
+        for r in chunk.requests:
+            n = self.keys[r].shape[0]
+            k_quant[at:at + n] = self.keys[r].to(k_quant.device)
+            k_scale[at:at + n] = self.scales[r].to(k_scale.device).view(torch.uint8).reshape(n, 4)
+            at += n
+
+    def workspace(self, device: torch.device | str = "cpu", stale: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """An empty key workspace (fp8 ``[workspace_keys, D]``, uint8 ``[workspace_keys, 4]``),
+        with ``stale`` every byte a NaN (a shared workspace holds old bytes past what a
+        gathering writes)."""
+        d = self.q.shape[2]
+        fill = 0x7F if stale else 0  # 0x7F: NaN in e4m3fn; 0x7F7F7F7F: a NaN float32 too
+        k_quant = torch.full((self.workspace_keys, d), fill, dtype=torch.uint8, device=device).view(self.q.dtype)
+        k_scale = torch.full((self.workspace_keys, 4), fill, dtype=torch.uint8, device=device)
+        return k_quant, k_scale
+
+
+def vllm_prefill_step(seq_lens: list[int], query_lens: list[int], *, decode_rows: int = 0, heads: int = 8,
+                      head_dim: int = 32, chunk_keys: int | None = None, subchunk_rows: int | None = None,
+                      seed: int = 0) -> VllmPrefillStep:
+    """A prefill step chunked the way vLLM's indexer metadata builder chunks it.
+
+    Requests are packed into one chunk while their keys fit ``chunk_keys`` (each gathering
+    restarts the workspace at 0); a request with more than ``subchunk_rows`` query rows is
+    cut into sub-chunks of that many rows that reuse its gathering (``skip_kv_gather``), as
+    vLLM cuts a request whose logits exceed its budget. Row ``j`` of a request with ``s``
+    keys and ``l`` query rows at workspace offset ``o`` reads keys ``[o, o + s - l + j + 1)``.
+    ``decode_rows`` rows come first and belong to no chunk.
+
+    Raises:
+        ValueError: lengths that do not fit (a query longer than its request, a request
+            longer than ``chunk_keys``).
+    """
+    if len(seq_lens) != len(query_lens):
+        raise ValueError(f"seq_lens and query_lens need one entry a request, got {len(seq_lens)} and "
+                         f"{len(query_lens)}")
+    gen = torch.Generator().manual_seed(seed)
+    total = decode_rows + sum(query_lens)
+    q, q_scale = quantize_fp8(torch.randn(total, heads, head_dim, generator=gen))
+    weights = (torch.randn(total, heads, generator=gen) * q_scale * head_dim ** -0.5 * heads ** -0.5).float()
+    keys, scales = [], []
+    for s in seq_lens:
+        k, ks = quantize_fp8(torch.randn(s, head_dim, generator=gen))
+        keys.append(k)
+        scales.append(ks)
+    cap = chunk_keys or max(seq_lens, default=0)
+    chunks: list = []
+    packed: list[int] = []
+
+    def close(reqs: list[int]) -> None:
+        # one gathering of `reqs`, cut into sub-chunks where a request's rows exceed subchunk_rows
+        if not reqs:
+            return
+        from types import SimpleNamespace
+
+        offsets, at = {}, 0
+        for r in reqs:
+            offsets[r] = at
+            at += seq_lens[r]
+        row = decode_rows + sum(query_lens[:reqs[0]])
+        pieces, first = [], True
+        for r in reqs:
+            l = query_lens[r]
+            step = subchunk_rows if subchunk_rows and l > subchunk_rows else max(l, 1)
+            for j0 in range(0, l, step):  # (a request without query rows has no rows here)
+                j1 = min(l, j0 + step)
+                pieces.append((r, j0, j1))
+        # a chunk of whole requests when none is cut, else one chunk a piece
+        cut = any(j1 - j0 < query_lens[r] for r, j0, j1 in pieces)
+        groups = [[p] for p in pieces] if cut else [pieces]
+        for members in groups:
+            ks, ke = [], []
+            for r, j0, j1 in members:
+                s, l, o = seq_lens[r], query_lens[r], offsets[r]
+                ks.append(torch.full((j1 - j0,), o, dtype=torch.int32))
+                ke.append(o + s - l + 1 + torch.arange(j0, j1, dtype=torch.int32))
+            rows = sum(j1 - j0 for _, j0, j1 in members)
+            chunks.append(SimpleNamespace(token_start=row, token_end=row + rows, cu_seqlen_ks=torch.cat(ks),
+                                          cu_seqlen_ke=torch.cat(ke), skip_kv_gather=not first,
+                                          local_total_seq_lens=at, max_local_total_seq_lens=at,
+                                          requests=tuple(reqs)))
+            row += rows
+            first = False
+
+    for r, s in enumerate(seq_lens):
+        if not 0 <= query_lens[r] <= s:
+            raise ValueError(f"query_lens[{r}]={query_lens[r]} must be in [0, seq_lens[{r}]={s}]")
+        if s > cap:
+            raise ValueError(f"seq_lens[{r}]={s} does not fit chunk_keys={cap}")
+        if sum(seq_lens[i] for i in packed) + s > cap:
+            close(packed)
+            packed = []
+        packed.append(r)
+    close(packed)
+    return VllmPrefillStep(q, weights, chunks, keys, scales, max((c.max_local_total_seq_lens for c in chunks),
+                                                                  default=0))
