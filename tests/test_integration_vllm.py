@@ -91,6 +91,23 @@ def test_merged_call_equals_one_call_a_chunk():
         assert torch.equal(buf[rows, :TOPK].sort(1).values, want.sort(1).values)
 
 
+def test_a_group_without_keys_here_gets_empty_rows():
+    # a chunk none of whose keys this rank holds (local_total_seq_lens 0): -1 rows, no gather,
+    # whatever the workspace holds
+    step = _step(seed=5)
+    for chunk in step.chunks[1:]:
+        chunk.local_total_seq_lens = 0
+    k_quant, k_scale = step.workspace()
+    buf = _buffer(step)
+    gathered = []
+    iv.prefill_topk(step, step.q, k_quant, k_scale, step.weights, buf, TOPK,
+                    gather=lambda c, kq, ks: (gathered.append(c.requests), step.gather(c, kq, ks)))
+    assert gathered == [(0, 1)]
+    assert (buf[step.chunks[1].token_start:step.chunks[-1].token_end, :TOPK] == -1).all()
+    assert_matches_naive(buf[step.chunks[0].token_start:step.chunks[0].token_end, :TOPK],
+                         _reference(step, step.chunks[0]), TOPK)
+
+
 def test_plan_once_run_every_layer_equals_the_one_shot_call():
     step = _step(seed=2)
     plan = iv.plan_prefill(step, heads=step.q.shape[1], head_dim=step.q.shape[2], topk=TOPK)
@@ -121,7 +138,7 @@ def test_key_scales_take_vllms_layouts_and_refuse_block_scales():
 @pytest.mark.parametrize("bad,match", [
     ("buffer_dtype", "topk_indices_buffer"), ("buffer_narrow", "topk_indices_buffer"), ("q_rows", "past q"),
     ("weights", "weights"), ("k_scale", "k_scale"), ("topk", "topk"), ("late_bounds", "cu_seqlen_ks"),
-    ("chunk", "token_end"), ("order", "row order")])
+    ("chunk", "token_end"), ("order", "row order"), ("option", "unknown option")])
 def test_bad_arguments_are_refused_before_any_gather_or_write(bad, match):
     step = _step(seed=3)
     k_quant, k_scale = step.workspace()
@@ -147,6 +164,8 @@ def test_bad_arguments_are_refused_before_any_gather_or_write(bad, match):
         args["prefill"] = [object()]
     elif bad == "order":
         args["prefill"] = step.chunks[::-1]
+    elif bad == "option":
+        args["stratgy"] = "fold"
     gathered = []
     before = buf.clone()
     with pytest.raises(ValueError, match=match):

@@ -34,6 +34,8 @@ from ..step import StepPlan, plan as make_plan
 Gather = Callable[[object, torch.Tensor, torch.Tensor], object]
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+#: The keywords of :func:`indexer.prefill_topk` that :func:`prefill_topk` passes through.
+_ONE_SHOT_OPTIONS = frozenset({"backend", "strategy", "reassembly", "tp_shard", "min_rows_per_rank"})
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,12 @@ class ChunkGroup:
     cu_seqlen_ke: torch.Tensor
     num_keys: int | None
     chunks: tuple
+
+    @property
+    def has_keys(self) -> bool:
+        """Whether any member gathers keys here (``local_total_seq_lens``; a rank of a
+        context-parallel group can hold none of a chunk's keys)."""
+        return any(getattr(c, "local_total_seq_lens", 1) > 0 for c in self.chunks)
 
     @property
     def gathers(self) -> bool:
@@ -172,8 +180,8 @@ def _run(groups: list[ChunkGroup], q, k_quant, k_scale, weights, buffer, topk: i
         if gather is not None and g.gathers:
             gather(g.chunks[0], k_quant[:n], k_scale[:n])
         out = buffer[g.token_start:g.token_end, :topk]
-        if n == 0 or g.token_end == g.token_start:
-            out.fill_(-1)  # no keys: every row empty
+        if n == 0 or not g.has_keys or g.token_end == g.token_start:
+            out.fill_(-1)  # no keys: every row empty (as vLLM's loop writes them)
             continue
         rows = slice(g.token_start, g.token_end)
         call(i, g, q[rows], k_quant[:n], scales[:n], weights[rows], out)
@@ -217,6 +225,10 @@ def prefill_topk(prefill, q: torch.Tensor, k_quant: torch.Tensor, k_scale: torch
         ValueError: a chunk, tensor or option that does not fit, before any gather or
             kernel; the buffer is then untouched.
     """
+    unknown = sorted(set(options) - _ONE_SHOT_OPTIONS)
+    if unknown:
+        raise ValueError(f"prefill_topk got unknown option(s) {', '.join(unknown)}; it takes "
+                         f"{', '.join(sorted(_ONE_SHOT_OPTIONS))} besides gather, group and max_logits_mb")
     groups = merge_subchunks(prefill)
     # every group's windows before the first gather or kernel (a later group's bad bounds
     # would otherwise surface after earlier groups had written their rows)
@@ -293,7 +305,7 @@ def plan_prefill(prefill, *, heads: int, head_dim: int, topk: int, group: object
         if g.num_keys is None:
             raise ValueError(f"rows [{g.token_start}, {g.token_end}): their chunks have no max_local_total_seq_lens, "
                              "the key count a plan needs (prefill_topk reads it from k_quant instead)")
-        if g.num_keys == 0 or g.token_end == g.token_start:
+        if g.num_keys == 0 or not g.has_keys or g.token_end == g.token_start:
             plans.append(None)
             continue
         plans.append(make_plan(g.cu_seqlen_ks, g.cu_seqlen_ke, num_keys=g.num_keys, heads=heads, head_dim=head_dim,
