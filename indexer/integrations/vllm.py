@@ -155,6 +155,9 @@ def _check(groups: list[ChunkGroup], q, k_quant, k_scale, weights, buffer, topk:
                          f"{list(weights.shape)}")
     if k_quant.dim() != 2 or k_quant.dtype != q.dtype or k_quant.shape[1] != q.shape[2]:
         raise ValueError(f"k_quant must be {q.dtype} [N, {q.shape[2]}], got {k_quant.dtype} {list(k_quant.shape)}")
+    for name, x in (("weights", weights), ("k_quant", k_quant), ("k_scale", k_scale)):
+        if x.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {x.device}")
     scales = key_scales(k_scale)
     if scales.shape[0] != k_quant.shape[0]:
         raise ValueError(f"k_scale needs {k_quant.shape[0]} keys (one a k_quant row), got {scales.shape[0]}")
