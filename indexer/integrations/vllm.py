@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 import torch
 
 from .. import api
+from ..problem import check_bounds
 from ..step import StepPlan, plan as make_plan
 
 #: ``gather(chunk, k_quant, k_scale)``: fill the key workspace slices for ``chunk``'s
@@ -237,10 +238,11 @@ def prefill_topk(prefill, q: torch.Tensor, k_quant: torch.Tensor, k_scale: torch
     # would otherwise surface after earlier groups had written their rows)
     for g in groups:
         n = k_quant.shape[0] if g.num_keys is None else g.num_keys
-        ks, ke = g.cu_seqlen_ks.cpu().long(), g.cu_seqlen_ke.cpu().long()
-        if ks.numel() and not bool(((ks >= 0) & (ks <= ke) & (ke <= n)).all()):
-            raise ValueError(f"rows [{g.token_start}, {g.token_end}): need 0 <= cu_seqlen_ks <= cu_seqlen_ke <= {n} "
-                             "(the workspace keys they read)")
+        try:
+            check_bounds(g.cu_seqlen_ks.cpu(), g.cu_seqlen_ke.cpu(), n)
+        except ValueError as exc:
+            raise ValueError(f"rows [{g.token_start}, {g.token_end}) (their cu_seqlen_ks / cu_seqlen_ke as row_starts / "
+                             f"row_ends, N the workspace keys they read): {exc}") from None
 
     def call(i, g, q_rows, k_rows, scales, w_rows, out):
         api.prefill_topk(q_rows, k_rows, scales, w_rows, g.cu_seqlen_ks, g.cu_seqlen_ke, topk, group=group,
