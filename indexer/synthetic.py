@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
@@ -241,8 +242,6 @@ def vllm_prefill_step(seq_lens: list[int], query_lens: list[int], *, decode_rows
         # one gathering of `reqs`, cut into sub-chunks where a request's rows exceed subchunk_rows
         if not reqs:
             return
-        from types import SimpleNamespace
-
         offsets, at = {}, 0
         for r in reqs:
             offsets[r] = at
