@@ -242,32 +242,27 @@ def vllm_prefill_step(seq_lens: list[int], query_lens: list[int], *, decode_rows
         # one gathering of `reqs`, cut into sub-chunks where a request's rows exceed subchunk_rows
         if not reqs:
             return
-        offsets, at = {}, 0
-        for r in reqs:
-            offsets[r] = at
-            at += seq_lens[r]
+        # the gathering's row windows, as one packed batch of these requests
+        starts, ends, at = causal_bounds([seq_lens[r] for r in reqs], [query_lens[r] for r in reqs])
         row = decode_rows + sum(query_lens[:reqs[0]])
         pieces, first = [], True
         for r in reqs:
             l = query_lens[r]
             step = subchunk_rows if subchunk_rows and l > subchunk_rows else max(l, 1)
             for j0 in range(0, l, step):  # (a request without query rows has no rows here)
-                j1 = min(l, j0 + step)
-                pieces.append((r, j0, j1))
+                pieces.append(min(l, j0 + step) - j0)
+        if not pieces:
+            return
         # a chunk of whole requests when none is cut, else one chunk a piece
-        cut = any(j1 - j0 < query_lens[r] for r, j0, j1 in pieces)
-        groups = [[p] for p in pieces] if cut else [pieces]
-        for members in groups:
-            ks, ke = [], []
-            for r, j0, j1 in members:
-                s, l, o = seq_lens[r], query_lens[r], offsets[r]
-                ks.append(torch.full((j1 - j0,), o, dtype=torch.int32))
-                ke.append(o + s - l + 1 + torch.arange(j0, j1, dtype=torch.int32))
-            rows = sum(j1 - j0 for _, j0, j1 in members)
-            chunks.append(SimpleNamespace(token_start=row, token_end=row + rows, cu_seqlen_ks=torch.cat(ks),
-                                          cu_seqlen_ke=torch.cat(ke), skip_kv_gather=not first,
-                                          local_total_seq_lens=at, max_local_total_seq_lens=at,
-                                          requests=tuple(reqs)))
+        cut = len(pieces) > sum(1 for r in reqs if query_lens[r])
+        sizes = pieces if cut else [sum(pieces)]
+        done = 0
+        for rows in sizes:
+            chunks.append(SimpleNamespace(token_start=row, token_end=row + rows,
+                                          cu_seqlen_ks=starts[done:done + rows], cu_seqlen_ke=ends[done:done + rows],
+                                          skip_kv_gather=not first, local_total_seq_lens=at,
+                                          max_local_total_seq_lens=at, requests=tuple(reqs)))
+            done += rows
             row += rows
             first = False
 
