@@ -162,7 +162,10 @@ def _arch_from_torch(index: int) -> tuple[str, str]:
 def _probe_torch(cls: type[Platform], notes: tuple[str, ...]) -> Platform:
     # device_count() does not create a context; arch does, so it is read only once torch
     # has initialised CUDA for its own reasons.
-    count = torch.cuda.device_count()
+    try:
+        count = torch.cuda.device_count()
+    except Exception as exc:  # noqa: BLE001 - torch's own probe broken: no GPU torch can use
+        return CpuPlatform(probe="torch", notes=notes + (f"torch.cuda.device_count() failed: {type(exc).__name__}: {exc}",))
     if count == 0:
         return CpuPlatform(probe="torch", notes=notes + ("torch sees no GPU",))
     arch, name = "unknown", "gpu"

@@ -60,6 +60,23 @@ def sets_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool((a.sort(dim=1).values == b.sort(dim=1).values).all())
 
 
+@pytest.fixture(scope="session")
+def cpu_interpreter():
+    """Skips a test that runs Triton's interpreter in a subprocess (``TRITON_INTERPRET=1``,
+    ``--device cpu``) where that interpreter cannot run the top-k's kernels, with the
+    library's own reason (on a GPU host the in-process Triton is compiled, so ask a child)."""
+    import subprocess
+    import sys
+
+    code = ("import torch\nfrom indexer.topk.triton import launch_reasons\n"
+            "print('; '.join(launch_reasons(torch.device('cpu'))))")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    if res.stdout.strip():
+        pytest.skip(res.stdout.strip())
+
+
 @pytest.fixture
 def small_inputs():
     return make_inputs([300, 50, 9], [120, 50, 4], heads=4, head_dim=32, seed=1)

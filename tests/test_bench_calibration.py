@@ -59,7 +59,7 @@ def test_bench_calibrate_cli_stores(tmp_path):
     # loaded machine made it fail; 64 and 2048 keys, median of 3, failed once beside a
     # second test run on 2 cores)
     res = _run("bench", "calibrate", "--rows", "64", "--keys", "64,4096", "--heads", "2", "--head-dim", "32",
-               "--topk", "16", "--repeats", "5", env={"INDEXER_COST_MODEL_FILE": str(path)})
+               "--topk", "16", "--repeats", "5", "--device", "cpu", env={"INDEXER_COST_MODEL_FILE": str(path)})
     assert res.returncode == 0, res.stdout + res.stderr
     entry = json.loads(path.read_text())["torch@cpu"]
     assert entry["per_key"] == 1000 and entry["per_width"] == 0 and entry["per_row"] >= 0
@@ -99,7 +99,7 @@ def test_malformed_calibration_entry_is_a_clear_error(tmp_path, monkeypatch, ent
         load_calibration("torch", "cpu")
 
 
-def test_bench_topk_cpu(tmp_path):
+def test_bench_topk_cpu(tmp_path, cpu_interpreter):
     # Triton's interpreter runs the ragged kernel on CPU: the bench's plumbing, its set check
     # against the torch path and its sampled-row count are exercised; no timing asserted
     pytest.importorskip("triton")

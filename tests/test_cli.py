@@ -44,7 +44,7 @@ def test_demo_first_chunk_forced_strategy():
     assert "EXACT MATCH: 400/400 rows" in res.stdout
 
 
-def test_bench_topk_fused_rows_select_the_unfused_sets(tmp_path):
+def test_bench_topk_fused_rows_select_the_unfused_sets(tmp_path, cpu_interpreter):
     # Triton's interpreter on CPU: the fused and unfused rows of `bench topk --fused`
     import json
 

@@ -65,10 +65,13 @@ def test_validate_environment_reports_typos(monkeypatch):
 def test_import_needs_only_torch_and_creates_no_context():
     code = (
         "import sys, torch, indexer\n"
+        "bad = [m for m in ('deep_gemm', 'aiter', 'triton', 'pynvml', 'amdsmi') if m in sys.modules]\n"
+        "assert not bad, ('imported by import indexer', bad)\n"
         "from indexer.platform import current_platform\n"
         "p = current_platform()\n"
-        "bad = [m for m in ('deep_gemm', 'aiter', 'triton', 'pynvml', 'amdsmi') if m in sys.modules]\n"
-        "assert not bad, bad\n"
+        "# the probe may use NVML or amdsmi (that is what they are for), never a vendor kernel package\n"
+        "bad = [m for m in ('deep_gemm', 'aiter', 'triton') if m in sys.modules]\n"
+        "assert not bad, ('imported by the platform probe', bad)\n"
         "assert not torch.cuda.is_initialized()\n"
         "print(p.key, p.arch)\n"
     )

@@ -128,7 +128,10 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device)
     bw = copy_bandwidth(device) if device.type == "cuda" else None
     fi, fi_reason = flashinfer_topk() if device.type == "cuda" else (None, "cuda only")
-    have_triton = tk.is_available()[0] and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+    no_triton = tk.launch_reasons(device)
+    have_triton = not no_triton
+    if no_triton:
+        print("Triton top-k rows left out: " + "; ".join(no_triton), flush=True)
     rows = []
     k = args.topk
     tuned = None

@@ -51,12 +51,51 @@ def is_available() -> tuple[bool, str]:
 
 def launch_reasons(device: torch.device | None) -> list:
     """Why Triton kernels cannot launch on ``device`` (empty: they can): Triton missing, or
-    CPU tensors without Triton's interpreter. ``None`` checks the package only."""
+    CPU tensors without Triton's interpreter or with one that cannot run loops bounded by
+    loaded values (:func:`interpreter_reasons`). ``None`` checks the package only."""
     ok, why = is_available()
     reasons = [] if ok else [why]
-    if device is not None and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        reasons.append("CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before importing triton)")
+    if device is not None and device.type == "cpu":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            reasons.append("CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before importing triton)")
+        elif ok:
+            reasons.extend(interpreter_reasons())
     return reasons
+
+
+@functools.lru_cache(maxsize=None)
+def interpreter_reasons() -> tuple:
+    """Why Triton's interpreter cannot run the top-k's kernels here (empty: it can).
+
+    The kernels bound loops by values they load (``range(lo, end, STEP)``). The interpreter
+    holds such a value as a 1-element numpy array and, up to Triton 3.6, turns it into an
+    index with ``int(array)``, which numpy 2.4 refuses; Triton 3.7 squeezes the array first.
+    Found by running one such loop in the interpreter (once, cached), not by version numbers.
+    Call only with ``TRITON_INTERPRET=1`` set before Triton was imported."""
+    try:
+        n = torch.full((1,), 3, dtype=torch.int32)
+        _loaded_bound_loop[(1,)](n)
+        if int(n[0]) == 6:
+            return ()
+        got = f"it counted {int(n[0])}, not 3"
+    except Exception as exc:  # noqa: BLE001 - any failure of the probe is the reason
+        got = f"{type(exc).__name__}: {exc}"[:200]
+    import numpy
+
+    return (f"Triton {triton.__version__}'s interpreter cannot run a loop bounded by a loaded value with "
+            f"numpy {numpy.__version__} ({got}); Triton >= 3.7 can",)
+
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _loaded_bound_loop(n_ptr):
+        n = tl.load(n_ptr)
+        acc = n
+        for _ in range(0, n):
+            acc += 1
+        tl.store(n_ptr, acc)
 
 
 _NO_SWITCH = contextlib.nullcontext()
