@@ -5,6 +5,10 @@ gloo."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -214,3 +218,20 @@ def test_the_example_runs():
                           text=True, timeout=300, cwd=root)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "the same sets as chunk by chunk: yes" in done.stdout
+
+
+def test_bench_engines_runs_every_way_with_equal_sets(tmp_path):
+    # the benchmark's plumbing on CPU (no timing asserted): every way fills the buffer with
+    # the adapter's sets, and the adapter rows carry their ratio to the direct calls
+    out = tmp_path / "engines.json"
+    res = subprocess.run([sys.executable, "-m", "indexer", "bench", "engines", "--device", "cpu", "--repeats", "1",
+                          "--rounds", "1", "--cases", "packed=3x256:64,long=8+1024:200/64", "--json", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = json.loads(out.read_text())
+    ways = {"adapter plan + run", "direct plan + run", "adapter one-shot", "direct one-shot", "indexer per chunk"}
+    for case in ("packed", "long"):
+        got = {r["way"]: r for r in rows if r["case"] == case}
+        assert set(got) == ways and all(r["same"] for r in got.values())
+        assert got["adapter plan + run"]["over_direct_sync"] > 0
+    assert {r["chunks"] for r in rows if r["case"] == "long"} == {4}  # 200 rows in sub-chunks of 64

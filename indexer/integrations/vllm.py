@@ -235,11 +235,16 @@ def prefill_topk(prefill, q: torch.Tensor, k_quant: torch.Tensor, k_scale: torch
                          f"{', '.join(sorted(_ONE_SHOT_OPTIONS))} besides gather, group and max_logits_mb")
     groups = merge_subchunks(prefill)
     # every group's windows before the first gather or kernel (a later group's bad bounds
-    # would otherwise surface after earlier groups had written their rows)
+    # would otherwise surface after earlier groups had written their rows), in one copy
+    host = torch.cat([b.reshape(-1).to(torch.int64) for g in groups for b in (g.cu_seqlen_ks, g.cu_seqlen_ke)]
+                     ).cpu() if groups else None
+    at = 0
     for g in groups:
         n = k_quant.shape[0] if g.num_keys is None else g.num_keys
+        m = g.token_end - g.token_start
+        starts, ends, at = host[at:at + m], host[at + m:at + 2 * m], at + 2 * m
         try:
-            check_bounds(g.cu_seqlen_ks.cpu(), g.cu_seqlen_ke.cpu(), n)
+            check_bounds(starts, ends, n)
         except ValueError as exc:
             raise ValueError(f"rows [{g.token_start}, {g.token_end}) (their cu_seqlen_ks / cu_seqlen_ke as row_starts / "
                              f"row_ends, N the workspace keys they read): {exc}") from None
