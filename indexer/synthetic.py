@@ -278,3 +278,42 @@ def vllm_prefill_step(seq_lens: list[int], query_lens: list[int], *, decode_rows
     close(packed)
     return VllmPrefillStep(q, weights, chunks, keys, scales, max((c.max_local_total_seq_lens for c in chunks),
                                                                   default=0))
+
+
+def sglang_extend_batch(seq_lens: list[int], extend_lens: list[int], *, heads: int = 8, head_dim: int = 32,
+                        slots: int | None = None, device: torch.device | str = "cpu", seed: int = 0) -> SimpleNamespace:
+    """An extend batch laid out as SGLang's DSA backend lays it out for ``_get_topk_ragged``.
+
+    Request ``i`` has ``seq_lens[i]`` keys (its cached prefix and this extend) of which the
+    last ``extend_lens[i]`` are query rows. Its keys are gathered into one buffer after those
+    of the requests before it; row ``j`` reads ``[o_i, o_i + prefix_i + j + 1)`` (SGLang's
+    ``_cal_indexer_k_start_end``).
+
+    Returns:
+        A namespace with ``q_fp8`` fp8 ``[T, H, D]``; ``weights`` float32 ``[T, H, 1]``;
+        ``k_fp8`` fp8 ``[N, D]``; ``k_scale`` uint8 ``[N, 4]`` (each row a float32's
+        bytes); ``ks``, ``ke`` int32 ``[T]``; ``topk_indices_offset`` (``ks``);
+        ``token_to_batch_idx`` int32 ``[T]``; ``page_table_1`` int32 ``[B, max(seq_lens)]``,
+        each request's KV slots (distinct, shuffled, out of ``slots``), ``-1`` past its
+        length; all on ``device``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(extend_lens)
+    q, q_scale = quantize_fp8(torch.randn(total, heads, head_dim, generator=gen))
+    weights = (torch.randn(total, heads, generator=gen) * q_scale * head_dim ** -0.5 * heads ** -0.5).float()
+    n = sum(seq_lens)
+    k, k_scale = quantize_fp8(torch.randn(n, head_dim, generator=gen))
+    ks, ke, _ = causal_bounds(seq_lens, extend_lens)
+    width = max(seq_lens, default=0)
+    slots = max(slots or 2 * n, n)
+    perm = torch.randperm(slots, generator=gen)[:n].to(torch.int32)
+    table = torch.full((len(seq_lens), width), -1, dtype=torch.int32)
+    at = 0
+    for i, s in enumerate(seq_lens):
+        table[i, :s] = perm[at:at + s]
+        at += s
+    req = torch.repeat_interleave(torch.arange(len(seq_lens), dtype=torch.int32), torch.tensor(extend_lens))
+    return SimpleNamespace(q_fp8=q.to(device), weights=weights.unsqueeze(-1).to(device), k_fp8=k.to(device),
+                           k_scale=k_scale.view(torch.uint8).reshape(n, 4).to(device), ks=ks.to(device),
+                           ke=ke.to(device), topk_indices_offset=ks.to(device), token_to_batch_idx=req.to(device),
+                           page_table_1=table.to(device))

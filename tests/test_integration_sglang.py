@@ -1,0 +1,179 @@
+"""The SGLang adapter (indexer.integrations.sglang) on extend batches laid out as SGLang's DSA
+backend lays them out: requests with cached prefixes gathered into one key buffer, a wider
+topk_result with rows past the extend rows; each index transform against a float64
+reference of SGLang's semantics, planned over layers, refusals, and over gloo."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from indexer.integrations import sglang as isg
+from indexer.launch import run_ranks
+from indexer.synthetic import Inputs, sglang_extend_batch
+
+from conftest import assert_matches_naive
+
+TOPK = 64
+# a request with a cached prefix, one whole prefill, one shorter than topk, one with no rows
+BATCH = dict(seq_lens=[500, 300, 40, 90], extend_lens=[200, 300, 40, 0])
+PAD_ROWS, PAD_COLS = 3, 5
+
+
+def _batch(seed=0):
+    return sglang_extend_batch(**BATCH, heads=4, head_dim=32, seed=seed)
+
+
+def _buffer(b):
+    return torch.full((b.q_fp8.shape[0] + PAD_ROWS, TOPK + PAD_COLS), -7, dtype=torch.int32)
+
+
+def _assert_table(buf, b, transform):
+    # undo SGLang's transform (every written index must map back to a position of the row's
+    # request), then compare with the float64 reference of the row-relative sets (conftest:
+    # ties at the k-th value to the lowest index, near-ties aside)
+    rows = b.ks.numel()
+    sel = buf[:rows, :TOPK].clone()
+    valid = sel >= 0
+    if transform == "ragged":
+        sel = torch.where(valid, sel - b.topk_indices_offset[:, None].to(torch.int32), sel)
+    elif transform == "paged":
+        where = {}
+        for r, row in enumerate(b.page_table_1.tolist()):
+            where.update({(r, slot): j for j, slot in enumerate(row) if slot >= 0})
+        for i in range(rows):
+            r = int(b.token_to_batch_idx[i])
+            for c in range(TOPK):
+                if valid[i, c]:
+                    assert (r, int(sel[i, c])) in where, f"row {i}: slot {int(sel[i, c])} is not request {r}'s"
+                    sel[i, c] = where[(r, int(sel[i, c]))]
+    inp = Inputs(b.q_fp8, b.k_fp8, b.k_scale.view(torch.float32).reshape(-1), b.weights.squeeze(-1), b.ks, b.ke)
+    assert_matches_naive(sel, inp, TOPK)
+    assert (buf[rows:] == -7).all(), "rows past the extend rows untouched"
+    assert (buf[:, TOPK:] == -7).all(), "columns past topk untouched"
+
+
+def _kw(b, transform):
+    return dict(transform=transform, topk_indices_offset=b.topk_indices_offset, page_table_1=b.page_table_1,
+                token_to_batch_idx=b.token_to_batch_idx)
+
+
+@pytest.mark.parametrize("transform", ["ragged", "paged", "relative"])
+def test_prefill_topk_equals_sglang_semantics(transform):
+    b = _batch()
+    buf = _buffer(b)
+    out = isg.prefill_topk(b.q_fp8, b.k_fp8, b.k_scale, b.weights, b.ks, b.ke, TOPK, buf, **_kw(b, transform))
+    assert out is buf
+    _assert_table(buf, b, transform)
+
+
+def test_ragged_offsets_other_than_ks():
+    # context parallelism gives offsets of its own: they, not ks, are added
+    b = _batch()
+    b.topk_indices_offset = b.ks + 1000
+    buf = _buffer(b)
+    isg.prefill_topk(b.q_fp8, b.k_fp8, b.k_scale, b.weights, b.ks, b.ke, TOPK, buf, **_kw(b, "ragged"))
+    _assert_table(buf, b, "ragged")
+
+
+def test_no_buffer_gives_a_fresh_table():
+    b = _batch()
+    out = isg.prefill_topk(b.q_fp8, b.k_fp8, b.k_scale.view(torch.float32).reshape(-1), b.weights.squeeze(-1), b.ks,
+                           b.ke, TOPK, transform="paged", page_table_1=b.page_table_1,
+                           token_to_batch_idx=b.token_to_batch_idx)
+    assert out.shape == (b.q_fp8.shape[0], TOPK)
+    buf = _buffer(b)
+    buf[:out.shape[0], :TOPK] = out
+    _assert_table(buf, b, "paged")
+
+
+def test_plan_over_layers_equals_one_shot():
+    b = _batch()
+    plan = isg.plan_prefill(b.ks, b.ke, num_keys=b.k_fp8.shape[0], heads=4, head_dim=32, topk=TOPK,
+                            **_kw(b, "paged"))
+    assert "transform paged" in str(plan)
+    for layer in range(2):  # other queries and keys each layer, the same plan
+        c = sglang_extend_batch(**BATCH, heads=4, head_dim=32, seed=10 + layer)
+        c.page_table_1, c.token_to_batch_idx = b.page_table_1, b.token_to_batch_idx
+        buf = _buffer(c)
+        plan.run(c.q_fp8, c.k_fp8, c.k_scale, c.weights, buf)
+        _assert_table(buf, c, "paged")
+
+
+@pytest.mark.parametrize("bad,match", [
+    ("transform", "transform must be one of"),
+    ("no_table", "needs page_table_1"),
+    ("batch_idx", "token_to_batch_idx must be in"),
+    ("narrow_table", "page_table_1 has"),
+    ("offsets", "topk_indices_offset must be"),
+    ("weights", "weights must be float32"),
+    ("small_buffer", "topk_result must be int32"),
+    ("bounds", "row_ends must be <= N"),
+    ("k_scale", "k_scale must be uint8"),
+])
+def test_bad_input_is_refused_before_any_kernel(bad, match):
+    b = _batch()
+    kw = _kw(b, "paged" if bad in ("no_table", "batch_idx", "narrow_table") else "ragged")
+    args = dict(q_fp8=b.q_fp8, k_fp8=b.k_fp8, k_scale=b.k_scale, weights=b.weights, ks=b.ks, ke=b.ke, topk=TOPK)
+    buf = _buffer(b)
+    if bad == "transform":
+        kw["transform"] = "absolute"
+    elif bad == "no_table":
+        kw["page_table_1"] = None
+    elif bad == "batch_idx":
+        kw["token_to_batch_idx"] = b.token_to_batch_idx.clone()
+        kw["token_to_batch_idx"][7] = 4
+    elif bad == "narrow_table":
+        kw["page_table_1"] = b.page_table_1[:, :100]
+    elif bad == "offsets":
+        kw["topk_indices_offset"] = b.topk_indices_offset[:-1]
+    elif bad == "weights":
+        args["weights"] = b.weights.half()
+    elif bad == "small_buffer":
+        buf = buf[:, :TOPK - 1]
+    elif bad == "bounds":
+        args["ke"] = b.ke.clone()
+        args["ke"][-1] = b.k_fp8.shape[0] + 1
+    elif bad == "k_scale":
+        args["k_scale"] = b.k_scale.view(torch.int32)
+    before = buf.clone()
+    with pytest.raises(ValueError, match=match):
+        isg.prefill_topk(**args, topk_result=buf, **kw)
+    assert torch.equal(buf, before)
+
+
+def _gloo_rank(rank, world):
+    import torch.distributed as dist
+
+    b = _batch(seed=3)
+    buf = _buffer(b)
+    isg.prefill_topk(b.q_fp8, b.k_fp8, b.k_scale, b.weights, b.ks, b.ke, TOPK, buf, group=dist.group.WORLD,
+                     min_rows_per_rank=0, **_kw(b, "paged"))
+    plan = isg.plan_prefill(b.ks, b.ke, num_keys=b.k_fp8.shape[0], heads=4, head_dim=32, topk=TOPK,
+                            group=dist.group.WORLD, min_rows_per_rank=0, **_kw(b, "ragged"))
+    planned = _buffer(b)
+    plan.run(b.q_fp8, b.k_fp8, b.k_scale, b.weights, planned)
+    return buf, planned, plan.plan.info.sharded
+
+
+@pytest.mark.parametrize("tp", [2, 3])
+def test_gloo_every_rank_gets_the_replicated_table(tp):
+    per_rank = run_ranks(_gloo_rank, tp, timeout=600)
+    b = _batch(seed=3)
+    for rank, (buf, planned, sharded) in enumerate(per_rank):
+        assert sharded, rank
+        _assert_table(buf, b, "paged")
+        _assert_table(planned, b, "ragged")
+        assert torch.equal(buf, per_rank[0][0]) and torch.equal(planned, per_rank[0][1]), f"rank {rank} differs"
+
+
+def test_the_example_runs():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, os.path.join(root, "examples", "sglang_prefill.py")], capture_output=True,
+                          text=True, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "the same sets as SGLang's transform of the reference: yes" in done.stdout
