@@ -177,3 +177,18 @@ def test_the_example_runs():
                           text=True, timeout=300, cwd=root)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "the same sets as SGLang's transform of the reference: yes" in done.stdout
+
+
+def test_bench_engines_sglang_rows(tmp_path):
+    # the benchmark's plumbing on CPU (no timing asserted)
+    import json
+
+    out = tmp_path / "engines.json"
+    res = subprocess.run([sys.executable, "-m", "indexer", "bench", "engines", "--engine", "sglang", "--device", "cpu",
+                          "--repeats", "1", "--rounds", "1", "--cases", "two=300:100+200:200", "--json", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = {r["way"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {"direct plan + run (relative)", "adapter plan + run, ragged", "adapter plan + run, paged",
+                         "direct one-shot (relative)", "adapter one-shot, paged"}
+    assert rows["adapter plan + run, paged"]["over_direct_sync"] > 0 and rows["adapter plan + run, paged"]["rows"] == 300

@@ -16,6 +16,11 @@ filled into vLLM's ``topk_indices_buffer`` these ways, side by side in one proce
 - ``deepgemm + torch.topk per chunk`` (where DeepGEMM runs): vLLM's loop with its logits
   (``fp8_mqa_logits``, full width) and ``torch.topk`` for its top-k.
 
+With ``--engine sglang`` each case's requests are one SGLang extend batch
+(:func:`indexer.synthetic.sglang_extend_batch`), and the ways are the adapter's plan + run
+with the ``ragged`` and ``paged`` index transforms and its one-shot ``paged`` call, against
+``indexer.plan``'s run and ``indexer.prefill_topk`` (row-relative, no transform).
+
 Every way's sets are compared with the first's. Times are one layer's, in milliseconds:
 ``sync`` synchronized around each call, ``queued`` the calls queued back to back; each the
 median of ``--rounds`` rounds (every way once a round, in turn) of medians of ``--repeats``
@@ -41,6 +46,8 @@ _CPU = dict(heads=4, head_dim=32, topk=64, max_logits_mb=8,
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--engine", choices=("vllm", "sglang"), default="vllm",
+                   help="whose adapter and layout (sglang: the requests of each case as one extend batch)")
     p.add_argument("--cases", default=None,
                    help="comma-separated NAME=SPEC; SPEC is REQxKEYS:ROWS (packed requests) or "
                         "[DECODE+]KEYS:ROWS+KEYS:ROWS... with /SUB (sub-chunks of SUB rows); "
@@ -197,6 +204,55 @@ def _case_rows(name: str, spec: dict, cfg: dict, device: torch.device) -> list[d
     return rows_out
 
 
+def _sglang_rows(name: str, spec: dict, cfg: dict, device: torch.device) -> list[dict]:
+    """An SGLang extend batch (the spec's requests, decode rows and sub-chunks ignored):
+    the adapter with each index transform against the direct plan/run and prefill_topk."""
+    import indexer
+    from ..integrations import sglang as adapter
+    from ..synthetic import sglang_extend_batch
+
+    topk, mb = cfg["topk"], cfg["max_logits_mb"]
+    b = sglang_extend_batch(spec["seq_lens"], spec["query_lens"], heads=cfg["heads"], head_dim=cfg["head_dim"],
+                            device=device)
+    rows, n = b.ks.numel(), b.k_fp8.shape[0]
+    kw = dict(backend=cfg["backend"])
+    table = dict(topk_indices_offset=b.topk_indices_offset, page_table_1=b.page_table_1,
+                 token_to_batch_idx=b.token_to_batch_idx)
+    buffer = torch.full((rows, topk), -1, dtype=torch.int32, device=device)
+    scales, weights = b.k_scale.view(torch.float32).reshape(-1), b.weights.squeeze(-1)
+    plans = {t: adapter.plan_prefill(b.ks, b.ke, num_keys=n, heads=cfg["heads"], head_dim=cfg["head_dim"], topk=topk,
+                                     transform=t, device=device, fp8_dtype=b.q_fp8.dtype, max_logits_mb=mb, **table,
+                                     **kw) for t in ("ragged", "paged")}
+    direct = indexer.plan(b.ks, b.ke, num_keys=n, heads=cfg["heads"], head_dim=cfg["head_dim"], topk=topk,
+                          device=device, fp8_dtype=b.q_fp8.dtype, max_logits_mb=mb, **kw)
+    ways = {
+        "direct plan + run (relative)": lambda: direct.run(b.q_fp8, b.k_fp8, scales, weights, out=buffer),
+        "adapter plan + run, ragged": lambda: plans["ragged"].run(b.q_fp8, b.k_fp8, b.k_scale, b.weights, buffer),
+        "adapter plan + run, paged": lambda: plans["paged"].run(b.q_fp8, b.k_fp8, b.k_scale, b.weights, buffer),
+        "direct one-shot (relative)": lambda: indexer.prefill_topk(b.q_fp8, b.k_fp8, scales, weights, b.ks, b.ke,
+                                                                   topk, out=buffer, max_logits_mb=mb, **kw),
+        "adapter one-shot, paged": lambda: adapter.prefill_topk(b.q_fp8, b.k_fp8, b.k_scale, b.weights, b.ks, b.ke,
+                                                                topk, buffer, transform="paged", max_logits_mb=mb,
+                                                                **table, **kw),
+    }
+    out = []
+    for way, call in ways.items():
+        out.append(dict(case=name, way=way, rows=rows, keys=n, chunks=None, groups=1, backend=direct.info.backend,
+                        same=None, sync=[], queued=[]))
+    for r in range(cfg["rounds"]):
+        print(f"  {name}: round {r + 1}/{cfg['rounds']}", file=sys.stderr, flush=True)
+        for row, call in zip(out, ways.values()):
+            row["sync"].append(median_ms(call, device, warmup=3, repeats=cfg["repeats"]))
+            row["queued"].append(queued_median_ms(call, device, warmup=3, repeats=cfg["repeats"]))
+    for row in out:
+        row["sync_ms"], row["queued_ms"] = statistics.median(row.pop("sync")), statistics.median(row.pop("queued"))
+        base = out[3] if "one-shot" in row["way"] else out[0]
+        if row is not base:
+            row["over_direct_sync"] = row["sync_ms"] / base["sync_ms"]
+            row["over_direct_queued"] = row["queued_ms"] / base["queued_ms"]
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     base = _GPU if args.device.startswith("cuda") else _CPU
     cfg = {k: (getattr(args, k) if getattr(args, k, None) is not None else v) for k, v in base.items()}
@@ -210,13 +266,13 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device)
     rows = []
     for name, spec in cases:
-        rows += _case_rows(name, spec, cfg, device)
+        rows += (_sglang_rows if args.engine == "sglang" else _case_rows)(name, spec, cfg, device)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    print(f"bench engines: vLLM-shaped steps (H={cfg['heads']} D={cfg['head_dim']} topk={cfg['topk']}, "
+    print(f"bench engines: {args.engine}-shaped steps (H={cfg['heads']} D={cfg['head_dim']} topk={cfg['topk']}, "
           f"logits budget {cfg['max_logits_mb']} MiB) on {device}; ms a layer, median of {cfg['rounds']} rounds of "
           f"medians of {cfg['repeats']}")
-    print(table([dict(r, same="yes" if r["same"] else "NO") for r in rows],
+    print(table([dict(r, same="-" if r["same"] is None else ("yes" if r["same"] else "NO")) for r in rows],
                 [("case", "case", "s"), ("way", "way", "s"), ("rows", "rows", "d"), ("keys", "keys", "d"),
                  ("chunks", "chunks", "d"), ("groups", "groups", "d"), ("backend", "backend", "s"),
                  ("sync_ms", "sync ms", ".3f"), ("queued_ms", "queued ms", ".3f"),
@@ -225,4 +281,4 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
-    return 0 if all(r["same"] for r in rows) else 1
+    return 0 if all(r["same"] is not False for r in rows) else 1

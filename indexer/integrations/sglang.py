@@ -65,6 +65,14 @@ class IndexTransform:
         sel.masked_fill_(~valid, -1)
 
 
+def _indexed(device) -> torch.device:
+    # "cuda" names the current GPU; tensors always carry the index
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def make_transform(kind: str, rows: int, row_starts: torch.Tensor, *, topk_indices_offset=None, page_table_1=None,
                    token_to_batch_idx=None, device=None) -> IndexTransform:
     """Check a transform's arguments (shapes, dtypes, devices) and build it.
@@ -79,7 +87,7 @@ def make_transform(kind: str, rows: int, row_starts: torch.Tensor, *, topk_indic
     Raises:
         ValueError: a bad kind, a missing or misshapen tensor, naming it.
     """
-    device = torch.device(device) if device is not None else row_starts.device
+    device = _indexed(device) if device is not None else row_starts.device
     if kind not in TRANSFORMS:
         raise ValueError(f"transform must be one of {'|'.join(TRANSFORMS)}, got {kind!r}")
 
@@ -238,7 +246,7 @@ def plan_prefill(ks: torch.Tensor, ke: torch.Tensor, *, num_keys: int, heads: in
     Raises:
         ValueError: bounds, a transform or an option that does not fit.
     """
-    device = torch.device(device) if device is not None else ks.device
+    device = _indexed(device) if device is not None else ks.device
     rows = ks.numel()
     t = make_transform(transform, rows, ks.to(device), topk_indices_offset=topk_indices_offset,
                        page_table_1=page_table_1, token_to_batch_idx=token_to_batch_idx, device=device)
