@@ -233,6 +233,19 @@ REASSEMBLY = _declare(
         argument="reassembly",
     )
 )
+EXCHANGE_BITS = _declare(
+    Flag(
+        "EXCHANGE_BITS",
+        _choice("auto", "16", "32"),
+        "auto",
+        "Width of the top-k indices the ranks exchange. 'auto': 16 bits where every row's "
+        "window holds at most 65535 keys (its indices and the -1 padding fit) and the "
+        "reassembly gathers (not maxreduce), else 32; '16' raises where that does not hold; "
+        "'32' always. The output is int32 either way.",
+        per_platform=True,
+        argument="exchange_bits",
+    )
+)
 COST_MODEL_FILE = _declare(
     Flag(
         "COST_MODEL_FILE",

@@ -24,13 +24,14 @@ from .backends import select_backend
 from .backends.base import fill_index, plan_chunks, prepare_chunks, run_chunks
 from .collective import (
     RING_STRATEGIES,
-    Exchange,
     GroupCaps,
     ReassemblyError,
     agreed_cost_model,
     check_consistency,
     choose_mode,
+    exchange_bits as choose_exchange_bits,
     fingerprint,
+    make_exchange,
     mode_reasons,
     probe_group,
 )
@@ -52,6 +53,8 @@ class StepInfo:
         rank: This rank.
         plan: The row plan (``None`` when not sharded).
         reassembly: Exchange mode (``None`` when not sharded).
+        exchange_bits: Width of the indices the exchange moves, 16 or 32 (``None`` when not
+            sharded).
         reason: Why the step is or is not sharded.
         notes: What the backend does differently for this problem (e.g. head padding).
         chunks: Chunks this rank computes.
@@ -67,6 +70,7 @@ class StepInfo:
     rank: int
     plan: RowPlan | None = None
     reassembly: str | None = None
+    exchange_bits: int | None = None
     reason: str = ""
     notes: tuple[str, ...] = ()
     chunks: int = 0
@@ -94,6 +98,7 @@ def plan(
     tp_shard: bool | None = None,
     min_rows_per_rank: int | None = None,
     check_values: str | None = None,
+    exchange_bits: str | None = None,
 ) -> "StepPlan":
     """Plan one forward step's indexer top-k; run it every layer with :meth:`StepPlan.run`.
 
@@ -124,6 +129,9 @@ def plan(
             (default ``INDEXER_TP_SHARD_MIN_ROWS``, per platform).
         check_values: ``off|async|sync``: each run checks that ``k_scale`` (where a row
             reads it) and ``weights`` are finite (default ``INDEXER_CHECK_VALUES``, off).
+        exchange_bits: ``auto|16|32``: width of the indices the ranks exchange; ``auto``
+            takes 16 where every window has at most 65535 keys and the reassembly gathers
+            (default ``INDEXER_EXCHANGE_BITS``).
 
     The plan's logits workspace and top-k scratch are the device's, shared with the other
     plans made while the same CUDA stream was current: runs of those plans must not overlap
@@ -143,7 +151,7 @@ def plan(
                            fp8_dtype=fp8_dtype, device=device)
     return StepPlan(problem, group=group, backend=backend, strategy=strategy, reassembly=reassembly,
                     max_logits_mb=max_logits_mb, tp_shard=tp_shard, min_rows_per_rank=min_rows_per_rank,
-                    check_values=check_values)
+                    check_values=check_values, exchange_bits=exchange_bits)
 
 
 class StepPlan:
@@ -159,7 +167,7 @@ class StepPlan:
     def __init__(self, problem: Problem, *, group: object | None = None, backend: str | None = None,
                  strategy: str | None = None, reassembly: str | None = None, max_logits_mb: float | None = None,
                  tp_shard: bool | None = None, min_rows_per_rank: int | None = None,
-                 check_values: str | None = None):
+                 check_values: str | None = None, exchange_bits: str | None = None):
         envs.check_environment()  # every INDEXER_* variable, before anything runs (cached)
         self.problem = problem
         platform = platform_for_device(problem.device)
@@ -171,6 +179,7 @@ class StepPlan:
         shard_on = envs.value("TP_SHARD", key, tp_shard)
         min_rows = envs.value("TP_SHARD_MIN_ROWS", key, min_rows_per_rank)
         stripe = envs.value("TP_SHARD_STRIPE_ROWS", key)
+        bits_req = envs.value("EXCHANGE_BITS", key, exchange_bits)
         self.check = envs.value("CHECK_VALUES", key, check_values)
         consistency = envs.value("CHECK_CONSISTENCY", key)
 
@@ -186,11 +195,12 @@ class StepPlan:
             # before anything that only sharding ranks do, so disagreeing ranks raise, not hang
             digest = fingerprint(
                 problem.shape_key(), str(problem.fp8_dtype), chosen.name, shard, strategy_req, reassembly_req, stripe,
-                tensors=(problem.starts_host, problem.ends_host),
+                bits_req, tensors=(problem.starts_host, problem.ends_host),
             )
             check_consistency(
                 digest, group, problem.device,
-                "(M, N, H, D, topk, dtype, backend, row bounds, whether to shard, strategy, reassembly, stripe rows)",
+                "(M, N, H, D, topk, dtype, backend, row bounds, whether to shard, strategy, reassembly, stripe rows, "
+                "exchange bits)",
             )
         row_plan = None
         if world == 1:
@@ -203,8 +213,10 @@ class StepPlan:
             caps = probe_group(group, problem.device)
             model = agreed_cost_model(group, problem.device, chosen, platform.arch)
             row_plan, mode = choose_plan(problem, model, caps, strategy_req, reassembly_req, stripe)
+            widest = int((problem.ends_host - problem.starts_host).max()) if m else 0
+            info.exchange_bits = choose_exchange_bits(bits_req, mode, widest)
             info.sharded, info.plan, info.reassembly = True, row_plan, mode
-            info.reason = f"sharded: {row_plan.describe()}, reassembly {mode}"
+            info.reason = f"sharded: {row_plan.describe()}, reassembly {mode} ({info.exchange_bits}-bit indices)"
         ranges = row_plan.rank_rows(rank) if row_plan is not None else [(0, m)]
         self.chunks = plan_chunks(chosen, problem, ranges, budget)
         self.workspace, self.scratch = prepare_chunks(chosen, problem, self.chunks, budget)
@@ -216,7 +228,8 @@ class StepPlan:
         # table: an `out` that is not gets a copy of the plan's own (made at the first such run)
         self.contiguous = row_plan is not None or not chosen.strided_out
         if row_plan is not None:
-            self.exchange = Exchange(row_plan, rank, group, info.reassembly, problem.topk, torch.int32, problem.device)
+            self.exchange = make_exchange(row_plan, rank, group, info.reassembly, problem.topk, problem.device,
+                                          info.exchange_bits)
         self.backend, self.info, self.group = chosen, info, group
         log.debug("indexer plan M=%d N=%d: %s", m, problem.num_keys, self)
 

@@ -220,7 +220,7 @@ def _exchange_rank(rank, world):
     # NCCL does
     import torch.distributed as dist
 
-    from indexer.collective import Exchange
+    from indexer.collective import make_exchange
     from indexer.partition import RowPlan, plan_rows
 
     m, width = 8 * world, 3
@@ -236,23 +236,89 @@ def _exchange_rank(rank, world):
     results = {}
     for name, plan in plans.items():
         rows = plan.num_rows
-        full = torch.arange(rows * width, dtype=torch.int32).view(rows, width)
+        # indices over all of 16 bits' range (-1 and 0..65534, those >= 32768 included)
+        full = ((torch.arange(rows * width, dtype=torch.int32) * 7919) % 65536 - 1).view(rows, width)
         modes = ("allgatherv", "padded", "maxreduce") + (("ring",) if name in ("remainder0", "fold") else ())
         for mode in modes:
             if mode == "allgatherv" and len(set(plan.rows_per_rank)) > 1:
                 continue  # gloo cannot gather unequal slices
-            ex = Exchange(plan, rank, dist.group.WORLD, mode, width, torch.int32, torch.device("cpu"))
-            out = torch.full((rows, width), 2**30, dtype=torch.int32)
-            ex.before(out)
-            for a, b in plan.pieces[rank]:
-                out[a:b] = full[a:b]  # this rank's rows, computed in place
-            ex(out)
-            results[(name, mode)] = bool(torch.equal(out, full))
+            for bits in (32, 16) if mode != "maxreduce" else (32,):
+                ex = make_exchange(plan, rank, dist.group.WORLD, mode, width, torch.device("cpu"), bits)
+                out = torch.full((rows, width), 2**30, dtype=torch.int32)
+                ex.before(out)
+                for a, b in plan.pieces[rank]:
+                    out[a:b] = full[a:b]  # this rank's rows, computed in place
+                ex(out)
+                results[(name, mode, bits)] = bool(torch.equal(out, full))
     return results
 
 
-@pytest.mark.parametrize("tp", [2, 3])
+@pytest.mark.parametrize("tp", [2, 3, 4, 8])
 def test_every_exchange_fills_the_table_in_place(tp):
     for results in run_ranks(_exchange_rank, tp, timeout=300):
         assert results and all(results.values()), results
-        assert ("reversed", "allgatherv") in results and ("striped", "allgatherv") in results
+        assert {("reversed", "allgatherv", 16), ("striped", "allgatherv", 32), ("fold", "ring", 16),
+                ("striped", "padded", 16)} <= set(results)
+
+
+# request 0's rows read 65514..65535 keys (16-bit indices fit: at most 65534), request 2's up
+# to 65536 (they do not), request 1 is empty, request 3 short
+_NARROW = dict(fits=([65535, 0, 900, 40], [22, 0, 60, 30]), wide=([65536, 0, 900, 40], [22, 0, 60, 30]))
+
+
+def _bits_rank(rank, world):
+    import os
+
+    import torch.distributed as dist
+
+    from indexer.collective import ReassemblyError
+
+    os.environ["INDEXER_TP_SHARD_STRIPE_ROWS"] = "8"  # several stripes per rank
+    results = {}
+    for case, (seq, q) in _NARROW.items():
+        inp = make_inputs(seq, q, heads=2, head_dim=16, seed=len(case))
+        m = inp.q.shape[0]
+        for strategy in STRATEGIES:
+            for mode in ("ring", "padded", "maxreduce", "auto"):
+                if mode == "ring" and strategy not in ("remainder0", "fold", "auto"):
+                    continue
+                for bits in ("auto", "16", "32"):
+                    plan = dict(strategy=strategy, reassembly=mode, exchange_bits=bits)
+                    try:
+                        step = indexer.plan(inp.row_starts, inp.row_ends, num_keys=inp.k.shape[0], heads=2,
+                                            head_dim=16, topk=TOPK, group=dist.group.WORLD, min_rows_per_rank=0,
+                                            **plan)
+                    except ReassemblyError as exc:
+                        results[(case, strategy, mode, bits)] = ("refused", str(exc))
+                        continue
+                    out = torch.full((m, TOPK), 2**30, dtype=torch.int32)
+                    step.run(inp.q, inp.k, inp.k_scale, inp.weights, out=out)
+                    results[(case, strategy, mode, bits)] = (out, step.info.exchange_bits, step.info.reassembly)
+    return results
+
+
+@pytest.mark.parametrize("tp", [2, 3, 4, 8])
+def test_16_bit_exchange_equals_replicated_at_every_tp(tp):
+    # the plan narrows the exchange exactly where every window fits 16 bits and the mode
+    # gathers; every rank's table is the replicated one either way
+    per_rank = run_ranks(_bits_rank, tp, timeout=900)
+    want = {}
+    for case, (seq, q) in _NARROW.items():
+        inp = make_inputs(seq, q, heads=2, head_dim=16, seed=len(case))
+        want[case] = indexer.prefill_topk(*inp.args(), TOPK).sort(1).values
+    narrow = 0
+    for key, got in per_rank[0].items():
+        case, strategy, mode, bits = key
+        if got[0] == "refused":
+            assert bits == "16" and (case == "wide" or got[1].count("maxreduce") or mode == "maxreduce"), key
+            assert "exchange_bits='16'" in got[1], got[1]
+            continue
+        out, used, resolved = got
+        fits = case == "fits" and resolved != "maxreduce"
+        assert used == {"auto": 16 if fits else 32, "16": 16, "32": 32}[bits], key
+        narrow += used == 16
+        assert torch.equal(out.sort(1).values, want[case]), f"sharded != replicated for {key}"
+        for r in range(1, tp):
+            assert torch.equal(per_rank[r][key][0], out), f"rank {r} differs for {key}"
+    assert narrow >= 10
+

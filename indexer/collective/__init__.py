@@ -3,10 +3,27 @@
 from .agree import agreed_cost_model, forget_agreements
 from .guard import InconsistentRanksError, check_consistency, fingerprint
 from .probe import GroupCaps, backend_name, clear_cache, probe_group
-from .reassemble import MODES, Exchange, RING_STRATEGIES, ReassemblyError, choose_mode, mode_reasons, reassemble, supported_modes
+from .reassemble import (
+    GATHER_MODES,
+    MODES,
+    NARROW_MAX_WINDOW,
+    RING_STRATEGIES,
+    Exchange,
+    NarrowExchange,
+    ReassemblyError,
+    choose_mode,
+    exchange_bits,
+    make_exchange,
+    mode_reasons,
+    reassemble,
+    supported_modes,
+)
 
 __all__ = [
     "Exchange",
+    "GATHER_MODES",
+    "NARROW_MAX_WINDOW",
+    "NarrowExchange",
     "GroupCaps",
     "InconsistentRanksError",
     "MODES",
@@ -17,8 +34,10 @@ __all__ = [
     "forget_agreements",
     "check_consistency",
     "choose_mode",
+    "exchange_bits",
     "clear_cache",
     "fingerprint",
+    "make_exchange",
     "mode_reasons",
     "probe_group",
     "reassemble",

@@ -90,6 +90,30 @@ def _equal_slices_in_rank_order(plan: RowPlan) -> bool:
     )
 
 
+GATHER_MODES = ("allgatherv", "ring", "padded")
+"""Modes that move rows without combining them: they can move 16-bit indices."""
+NARROW_MAX_WINDOW = 65535
+"""Widest row window whose indices (at most 65534) and -1 padding fit 16 bits."""
+
+
+def exchange_bits(requested: str, mode: str, max_window: int) -> int:
+    """Index width the exchange moves: 16 where every row's window has at most
+    :data:`NARROW_MAX_WINDOW` keys and ``mode`` gathers, else 32 (``requested``: ``auto``,
+    ``16`` or ``32``).
+
+    Raises:
+        ReassemblyError: ``16`` forced where it cannot hold the indices or the mode reduces.
+    """
+    fits = max_window <= NARROW_MAX_WINDOW and mode in GATHER_MODES
+    if requested == "32":
+        return 32
+    if requested == "16" and not fits:
+        why = (f"a row's window holds {max_window} keys, more than {NARROW_MAX_WINDOW}"
+               if max_window > NARROW_MAX_WINDOW else f"{mode} reduces the table (a max over int32)")
+        raise ReassemblyError(f"INDEXER_EXCHANGE_BITS / exchange_bits='16' cannot be used: {why}")
+    return 16 if fits else 32
+
+
 class Exchange:
     """One rank's reassembly of one plan, prepared once and run every layer.
 
@@ -197,6 +221,52 @@ class Exchange:
         for src, (a, b) in extras:
             works.append(dist.broadcast(out[a:b], src=_global(group, src), group=group, async_op=True))
         _wait(works)
+
+
+class NarrowExchange:
+    """:class:`Exchange` of 16-bit indices into an int32 table: half the bytes on the wire.
+
+    This rank's rows are narrowed into a 16-bit copy of the table (index ``i`` as its low 16
+    bits, ``-1`` as ``0xFFFF``), the copy is exchanged as a 2-byte float dtype (NCCL has no
+    int16; gathers and broadcasts move the bits unchanged) and the whole copy is widened back
+    into the table. Exact where every index is at most 65534 (:func:`exchange_bits`). The
+    16-bit table and a mask are allocated here, at plan time.
+
+    Args:
+        As :class:`Exchange`'s, with ``mode`` one of :data:`GATHER_MODES`.
+    """
+
+    def __init__(self, plan: RowPlan, rank: int, group: object, mode: str, width: int, device: torch.device):
+        if mode not in GATHER_MODES:
+            raise ReassemblyError(f"16-bit exchange needs one of {'|'.join(GATHER_MODES)}, not {mode!r}")
+        self.inner = Exchange(plan, rank, group, mode, width, torch.float16, device)
+        self.plan, self.rank, self.mode = plan, rank, mode
+        self.table = torch.empty(plan.num_rows, width, dtype=torch.int16, device=device)
+        self.mask = torch.empty(plan.num_rows, width, dtype=torch.bool, device=device)
+
+    def before(self, out: torch.Tensor) -> None:
+        """Nothing: gathers need no prefill."""
+
+    def __call__(self, out: torch.Tensor) -> None:
+        """Fill ``out`` (contiguous int32 ``[M, W]``, this rank's rows in place) with every
+        other rank's rows."""
+        if self.plan.num_rows == 0:
+            return
+        for a, b in self.plan.pieces[self.rank]:
+            self.table[a:b].copy_(out[a:b])  # int32 -> int16 keeps the low 16 bits
+        self.inner(self.table.view(torch.float16))
+        out.copy_(self.table)  # sign-extends: index i >= 32768 arrives as i - 65536, -1 as -1
+        out.bitwise_and_(0xFFFF)
+        torch.eq(out, 0xFFFF, out=self.mask)
+        out.masked_fill_(self.mask, -1)
+
+
+def make_exchange(plan: RowPlan, rank: int, group: object, mode: str, width: int, device: torch.device,
+                  bits: int = 32) -> "Exchange | NarrowExchange":
+    """The exchange of an int32 ``[M, width]`` table, moving ``bits``-wide indices."""
+    if bits == 16:
+        return NarrowExchange(plan, rank, group, mode, width, device)
+    return Exchange(plan, rank, group, mode, width, torch.int32, device)
 
 
 def _wait(works: Sequence[object]) -> None:
