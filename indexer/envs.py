@@ -239,9 +239,10 @@ EXCHANGE_BITS = _declare(
         _choice("auto", "16", "32"),
         "auto",
         "Width of the top-k indices the ranks exchange. 'auto': 16 bits where every row's "
-        "window holds at most 65535 keys (its indices and the -1 padding fit) and the "
-        "reassembly gathers (not maxreduce), else 32; '16' raises where that does not hold; "
-        "'32' always. The output is int32 either way.",
+        "window holds at most 32768 keys (widened back by one copy) and the reassembly "
+        "gathers (not maxreduce), else 32; '16': 16 bits up to 65535 keys a window (the "
+        "indices and the -1 padding still fit; widening takes a mask pass more), raising "
+        "beyond or with maxreduce; '32' always. The output is int32 either way.",
         per_platform=True,
         argument="exchange_bits",
     )

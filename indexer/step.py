@@ -229,7 +229,7 @@ class StepPlan:
         self.contiguous = row_plan is not None or not chosen.strided_out
         if row_plan is not None:
             self.exchange = make_exchange(row_plan, rank, group, info.reassembly, problem.topk, problem.device,
-                                          info.exchange_bits)
+                                          info.exchange_bits, widest)
         self.backend, self.info, self.group = chosen, info, group
         log.debug("indexer plan M=%d N=%d: %s", m, problem.num_keys, self)
 

@@ -236,20 +236,23 @@ def _exchange_rank(rank, world):
     results = {}
     for name, plan in plans.items():
         rows = plan.num_rows
-        # indices over all of 16 bits' range (-1 and 0..65534, those >= 32768 included)
-        full = ((torch.arange(rows * width, dtype=torch.int32) * 7919) % 65536 - 1).view(rows, width)
+        spread = torch.arange(rows * width, dtype=torch.int32).view(rows, width) * 7919
+        # windows of up to 65535 keys: indices over all of 16 bits' range (-1, 0..65534); up
+        # to 32768 keys: -1, 0..32767
+        tables = {65535: spread % 65536 - 1, 32768: spread % 32769 - 1}
         modes = ("allgatherv", "padded", "maxreduce") + (("ring",) if name in ("remainder0", "fold") else ())
         for mode in modes:
             if mode == "allgatherv" and len(set(plan.rows_per_rank)) > 1:
                 continue  # gloo cannot gather unequal slices
-            for bits in (32, 16) if mode != "maxreduce" else (32,):
-                ex = make_exchange(plan, rank, dist.group.WORLD, mode, width, torch.device("cpu"), bits)
+            for bits, window in ((32, 65535), (16, 65535), (16, 32768)) if mode != "maxreduce" else ((32, 65535),):
+                full = tables[window]
+                ex = make_exchange(plan, rank, dist.group.WORLD, mode, width, torch.device("cpu"), bits, window)
                 out = torch.full((rows, width), 2**30, dtype=torch.int32)
                 ex.before(out)
                 for a, b in plan.pieces[rank]:
                     out[a:b] = full[a:b]  # this rank's rows, computed in place
                 ex(out)
-                results[(name, mode, bits)] = bool(torch.equal(out, full))
+                results[(name, mode, bits, window)] = bool(torch.equal(out, full))
     return results
 
 
@@ -257,13 +260,14 @@ def _exchange_rank(rank, world):
 def test_every_exchange_fills_the_table_in_place(tp):
     for results in run_ranks(_exchange_rank, tp, timeout=300):
         assert results and all(results.values()), results
-        assert {("reversed", "allgatherv", 16), ("striped", "allgatherv", 32), ("fold", "ring", 16),
-                ("striped", "padded", 16)} <= set(results)
+        assert {("reversed", "allgatherv", 16, 65535), ("striped", "allgatherv", 32, 65535), ("fold", "ring", 16, 32768),
+                ("striped", "padded", 16, 65535), ("remainder0", "ring", 16, 32768)} <= set(results)
 
 
-# request 0's rows read 65514..65535 keys (16-bit indices fit: at most 65534), request 2's up
-# to 65536 (they do not), request 1 is empty, request 3 short
-_NARROW = dict(fits=([65535, 0, 900, 40], [22, 0, 60, 30]), wide=([65536, 0, 900, 40], [22, 0, 60, 30]))
+# request 0's rows read 65514..65535 keys (16-bit indices fit, at most 65534: forced only;
+# "short": at most 2999, auto narrows them), "wide": up to 65536 (they do not); request 1 is empty
+_NARROW = dict(fits=([65535, 0, 900, 40], [22, 0, 60, 30]), wide=([65536, 0, 900, 40], [22, 0, 60, 30]),
+               short=([3000, 0, 900, 40], [22, 0, 60, 30]))
 
 
 def _bits_rank(rank, world):
@@ -314,8 +318,9 @@ def test_16_bit_exchange_equals_replicated_at_every_tp(tp):
             assert "exchange_bits='16'" in got[1], got[1]
             continue
         out, used, resolved = got
-        fits = case == "fits" and resolved != "maxreduce"
-        assert used == {"auto": 16 if fits else 32, "16": 16, "32": 32}[bits], key
+        gathers = resolved != "maxreduce"
+        auto = 16 if case == "short" and gathers else 32  # auto narrows windows of <= 32768 keys only
+        assert used == {"auto": auto, "16": 16, "32": 32}[bits], key
         narrow += used == 16
         assert torch.equal(out.sort(1).values, want[case]), f"sharded != replicated for {key}"
         for r in range(1, tp):

@@ -6,6 +6,7 @@ from .probe import GroupCaps, backend_name, clear_cache, probe_group
 from .reassemble import (
     GATHER_MODES,
     MODES,
+    NARROW_AUTO_WINDOW,
     NARROW_MAX_WINDOW,
     RING_STRATEGIES,
     Exchange,
@@ -22,6 +23,7 @@ from .reassemble import (
 __all__ = [
     "Exchange",
     "GATHER_MODES",
+    "NARROW_AUTO_WINDOW",
     "NARROW_MAX_WINDOW",
     "NarrowExchange",
     "GroupCaps",

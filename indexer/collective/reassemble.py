@@ -94,24 +94,33 @@ GATHER_MODES = ("allgatherv", "ring", "padded")
 """Modes that move rows without combining them: they can move 16-bit indices."""
 NARROW_MAX_WINDOW = 65535
 """Widest row window whose indices (at most 65534) and -1 padding fit 16 bits."""
+NARROW_AUTO_WINDOW = 32768
+"""Widest row window ``auto`` exchanges as 16 bits: its indices (at most 32767) widen back by
+one sign-extending copy. Wider windows need a mask pass besides, which on an H200 cost more
+(0.25 ms at 16K rows x 2048, 1.0 ms at 64K rows) than the whole 32-bit exchange measured on
+2x H200 (0.30 and 1.07 ms); docs/benchmarks.md, "Exchange"."""
 
 
 def exchange_bits(requested: str, mode: str, max_window: int) -> int:
-    """Index width the exchange moves: 16 where every row's window has at most
-    :data:`NARROW_MAX_WINDOW` keys and ``mode`` gathers, else 32 (``requested``: ``auto``,
-    ``16`` or ``32``).
+    """Index width the exchange moves (``requested``: ``auto``, ``16`` or ``32``).
+
+    ``auto``: 16 where every row's window has at most :data:`NARROW_AUTO_WINDOW` keys and
+    ``mode`` gathers, else 32. ``16``: where every window has at most
+    :data:`NARROW_MAX_WINDOW` keys and ``mode`` gathers.
 
     Raises:
         ReassemblyError: ``16`` forced where it cannot hold the indices or the mode reduces.
     """
-    fits = max_window <= NARROW_MAX_WINDOW and mode in GATHER_MODES
     if requested == "32":
         return 32
-    if requested == "16" and not fits:
+    gathers = mode in GATHER_MODES
+    if requested == "16":
+        if max_window <= NARROW_MAX_WINDOW and gathers:
+            return 16
         why = (f"a row's window holds {max_window} keys, more than {NARROW_MAX_WINDOW}"
                if max_window > NARROW_MAX_WINDOW else f"{mode} reduces the table (a max over int32)")
         raise ReassemblyError(f"INDEXER_EXCHANGE_BITS / exchange_bits='16' cannot be used: {why}")
-    return 16 if fits else 32
+    return 16 if max_window <= NARROW_AUTO_WINDOW and gathers else 32
 
 
 class Exchange:
@@ -228,21 +237,27 @@ class NarrowExchange:
 
     This rank's rows are narrowed into a 16-bit copy of the table (index ``i`` as its low 16
     bits, ``-1`` as ``0xFFFF``), the copy is exchanged as a 2-byte float dtype (NCCL has no
-    int16; gathers and broadcasts move the bits unchanged) and the whole copy is widened back
-    into the table. Exact where every index is at most 65534 (:func:`exchange_bits`). The
-    16-bit table and a mask are allocated here, at plan time.
+    int16; gathers and broadcasts move the bits unchanged) and widened back into the table.
+    Exact where every index is at most 65534 (:func:`exchange_bits`). Where every index is at
+    most 32767 (``max_window <= 32768``) the widening is one sign-extending copy; above, the
+    copy is followed by a mask to 16 bits and ``0xFFFF`` back to ``-1``. The 16-bit table and
+    the mask are allocated here, at plan time.
 
     Args:
-        As :class:`Exchange`'s, with ``mode`` one of :data:`GATHER_MODES`.
+        As :class:`Exchange`'s, with ``mode`` one of :data:`GATHER_MODES`, and
+        max_window: The widest row window of the plan (keys).
     """
 
-    def __init__(self, plan: RowPlan, rank: int, group: object, mode: str, width: int, device: torch.device):
+    def __init__(self, plan: RowPlan, rank: int, group: object, mode: str, width: int, device: torch.device,
+                 max_window: int = NARROW_MAX_WINDOW):
         if mode not in GATHER_MODES:
             raise ReassemblyError(f"16-bit exchange needs one of {'|'.join(GATHER_MODES)}, not {mode!r}")
         self.inner = Exchange(plan, rank, group, mode, width, torch.float16, device)
         self.plan, self.rank, self.mode = plan, rank, mode
         self.table = torch.empty(plan.num_rows, width, dtype=torch.int16, device=device)
-        self.mask = torch.empty(plan.num_rows, width, dtype=torch.bool, device=device)
+        self.mask = None
+        if max_window > 32768:  # indices of 32768 and up arrive sign-extended
+            self.mask = torch.empty(plan.num_rows, width, dtype=torch.bool, device=device)
 
     def before(self, out: torch.Tensor) -> None:
         """Nothing: gathers need no prefill."""
@@ -255,17 +270,19 @@ class NarrowExchange:
         for a, b in self.plan.pieces[self.rank]:
             self.table[a:b].copy_(out[a:b])  # int32 -> int16 keeps the low 16 bits
         self.inner(self.table.view(torch.float16))
-        out.copy_(self.table)  # sign-extends: index i >= 32768 arrives as i - 65536, -1 as -1
-        out.bitwise_and_(0xFFFF)
-        torch.eq(out, 0xFFFF, out=self.mask)
-        out.masked_fill_(self.mask, -1)
+        out.copy_(self.table)  # sign-extends: -1 and 0..32767 arrive as they left
+        if self.mask is not None:
+            out.bitwise_and_(0xFFFF)  # i >= 32768 arrived as i - 65536, -1 as -1
+            torch.eq(out, 0xFFFF, out=self.mask)
+            out.masked_fill_(self.mask, -1)
 
 
 def make_exchange(plan: RowPlan, rank: int, group: object, mode: str, width: int, device: torch.device,
-                  bits: int = 32) -> "Exchange | NarrowExchange":
-    """The exchange of an int32 ``[M, width]`` table, moving ``bits``-wide indices."""
+                  bits: int = 32, max_window: int = NARROW_MAX_WINDOW) -> "Exchange | NarrowExchange":
+    """The exchange of an int32 ``[M, width]`` table, moving ``bits``-wide indices
+    (``max_window``: the plan's widest row window, for 16 bits)."""
     if bits == 16:
-        return NarrowExchange(plan, rank, group, mode, width, device)
+        return NarrowExchange(plan, rank, group, mode, width, device, max_window)
     return Exchange(plan, rank, group, mode, width, torch.int32, device)
 
 
