@@ -203,7 +203,9 @@ TP_SHARD_MIN_ROWS = _declare(
         _parse_positive_int,
         512,
         "Shard only when rows >= this many rows per rank times the TP size; below it "
-        "every rank computes all rows (a split of small work loses to its exchange).",
+        "every rank computes all rows (a split of small work loses to its exchange). The "
+        "gate where no calibrated times are stored ('bench calibrate', 'bench calibrate "
+        "--exchange'); once set (here or by argument) it wins over them.",
         per_platform=True,
         platform_defaults={"cuda": 16384, "rocm": 512, "cpu": 512},
         type_name="int",

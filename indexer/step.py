@@ -25,6 +25,7 @@ from .backends.base import fill_index, plan_chunks, prepare_chunks, run_chunks
 from .collective import (
     RING_STRATEGIES,
     GroupCaps,
+    agreed_time_model,
     ReassemblyError,
     agreed_cost_model,
     check_consistency,
@@ -35,7 +36,7 @@ from .collective import (
     mode_reasons,
     probe_group,
 )
-from .partition import DEFAULT_STRIPE_ROWS, RowPlan, plan_candidates
+from .partition import DEFAULT_STRIPE_ROWS, RowPlan, model_gate, plan_candidates
 from .platform import platform_for_device
 from .problem import LayerInputs, Problem, check_bounds, check_inputs, check_out, check_values, make_problem
 
@@ -56,6 +57,8 @@ class StepInfo:
         exchange_bits: Width of the indices the exchange moves, 16 or 32 (``None`` when not
             sharded).
         reason: Why the step is or is not sharded.
+        gate: Which rule decided whether to shard: the calibrated times (with the two
+            predicted step times) or the row count (and why not the times).
         notes: What the backend does differently for this problem (e.g. head padding).
         chunks: Chunks this rank computes.
         compressed_chunks: How many of them are compressed (a chunk spanning requests).
@@ -72,6 +75,7 @@ class StepInfo:
     reassembly: str | None = None
     exchange_bits: int | None = None
     reason: str = ""
+    gate: str = ""
     notes: tuple[str, ...] = ()
     chunks: int = 0
     compressed_chunks: int = 0
@@ -177,7 +181,8 @@ class StepPlan:
         strategy_req = envs.value("TP_SHARD_STRATEGY", key, strategy)
         reassembly_req = envs.value("REASSEMBLY", key, reassembly)
         shard_on = envs.value("TP_SHARD", key, tp_shard)
-        min_rows = envs.value("TP_SHARD_MIN_ROWS", key, min_rows_per_rank)
+        min_rows_set = envs.resolve("TP_SHARD_MIN_ROWS", key, min_rows_per_rank)
+        min_rows = min_rows_set.value
         stripe = envs.value("TP_SHARD_STRIPE_ROWS", key)
         bits_req = envs.value("EXCHANGE_BITS", key, exchange_bits)
         self.check = envs.value("CHECK_VALUES", key, check_values)
@@ -191,32 +196,50 @@ class StepPlan:
         m = problem.num_rows
         info = StepInfo(chosen.name, False, world, rank, notes=tuple(chosen.notes(problem)))
         shard = world > 1 and shard_on and m >= min_rows * world
+        # the gate: the calibrated times where rank 0 has them, unless the row count was set
+        rows_set = min_rows_set.source == "argument" or min_rows_set.source.startswith("env")
+        by_model = world > 1 and shard_on and m > 0 and not rows_set
         if consistency and world > 1:
             # before anything that only sharding ranks do, so disagreeing ranks raise, not hang
             digest = fingerprint(
-                problem.shape_key(), str(problem.fp8_dtype), chosen.name, shard, strategy_req, reassembly_req, stripe,
-                bits_req, tensors=(problem.starts_host, problem.ends_host),
+                problem.shape_key(), str(problem.fp8_dtype), chosen.name, shard, by_model, strategy_req,
+                reassembly_req, stripe, bits_req, tensors=(problem.starts_host, problem.ends_host),
             )
             check_consistency(
                 digest, group, problem.device,
-                "(M, N, H, D, topk, dtype, backend, row bounds, whether to shard, strategy, reassembly, stripe rows, "
-                "exchange bits)",
+                "(M, N, H, D, topk, dtype, backend, row bounds, whether to shard, the gate's rule, strategy, "
+                "reassembly, stripe rows, exchange bits)",
             )
         row_plan = None
+        times, no_times = (agreed_time_model(group, problem.device, chosen, platform.arch) if by_model
+                           else (None, f"min_rows_per_rank set ({min_rows_set.source})"))
+        widest = int((problem.ends_host - problem.starts_host).max()) if m else 0
         if world == 1:
             info.reason = "no tensor-parallel group"
         elif not shard_on:
             info.reason = "sharding disabled (INDEXER_TP_SHARD / tp_shard)"
-        elif not shard:
+        elif times is None and not shard:
+            info.gate = f"row count ({no_times})" if m else "no rows"
             info.reason = f"M={m} < min_rows_per_rank {min_rows} x tp {world}: replicated"
         else:
             caps = probe_group(group, problem.device)
             model = agreed_cost_model(group, problem.device, chosen, platform.arch)
             row_plan, mode = choose_plan(problem, model, caps, strategy_req, reassembly_req, stripe)
-            widest = int((problem.ends_host - problem.starts_host).max()) if m else 0
             info.exchange_bits = choose_exchange_bits(bits_req, mode, widest)
-            info.sharded, info.plan, info.reassembly = True, row_plan, mode
-            info.reason = f"sharded: {row_plan.describe()}, reassembly {mode} ({info.exchange_bits}-bit indices)"
+            if times is not None:
+                decision = model_gate(times, problem.starts_host.to(torch.int64), problem.ends_host.to(torch.int64),
+                                      row_plan.pieces, problem.topk, info.exchange_bits)
+                info.gate = decision.describe()
+            else:
+                info.gate = f"row count: M={m} >= min_rows_per_rank {min_rows} x tp {world} ({no_times})"
+            if times is not None and not decision.shard:
+                row_plan, info.exchange_bits = None, None
+                info.reason = f"replicated by the {info.gate}"
+            else:
+                info.sharded, info.plan, info.reassembly = True, row_plan, mode
+                info.reason = f"sharded: {row_plan.describe()}, reassembly {mode} ({info.exchange_bits}-bit indices)"
+                if times is not None:
+                    info.reason += f"; {info.gate}"
         ranges = row_plan.rank_rows(rank) if row_plan is not None else [(0, m)]
         self.chunks = plan_chunks(chosen, problem, ranges, budget)
         self.workspace, self.scratch = prepare_chunks(chosen, problem, self.chunks, budget)

@@ -114,3 +114,18 @@ def test_bench_topk_cpu(tmp_path, cpu_interpreter):
     sampled = by_method["triton"]["note"]
     assert "rows sampled" in sampled and float(sampled.split("%")[0]) > 0, sampled
     assert "cuda only" in by_method["flashinfer"]["note"]
+
+
+def test_bench_calibrate_exchange_stores_the_groups_fit(tmp_path):
+    # two gloo ranks time their exchange at three table sizes; the fit goes under the group's
+    # key, beside (not over) a compute entry already there
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"torch@cpu": {"per_key": 1000, "per_width": 0, "per_row": 5}}))
+    res = _run("bench", "calibrate", "--exchange", "--tp", "2", "--device", "cpu", "--topk", "64", "--repeats", "3",
+               env={"INDEXER_COST_MODEL_FILE": str(path)})
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(path.read_text())
+    assert data["torch@cpu"]["per_row"] == 5
+    entry = data["exchange@gloox2"]
+    assert entry["us"] >= 0 and entry["gb_per_s"] > 0
+    assert "rows M" in res.stdout and "GB/s" in res.stdout

@@ -327,3 +327,55 @@ def test_16_bit_exchange_equals_replicated_at_every_tp(tp):
             assert torch.equal(per_rank[r][key][0], out), f"rank {r} differs for {key}"
     assert narrow >= 10
 
+
+
+def _gate_file_rank(rank, world, path):
+    import os
+
+    import torch.distributed as dist
+
+    os.environ["INDEXER_COST_MODEL_FILE"] = path
+    results = {}
+    for name, (seq, q) in dict(small=([300, 60], [40, 30]), large=([1500], [1100])).items():
+        inp = make_inputs(seq, q, heads=2, head_dim=32, seed=7)
+        for rows in (None, 0):  # the calibrated gate; the row count set (it wins)
+            step = indexer.plan(inp.row_starts, inp.row_ends, num_keys=inp.k.shape[0], heads=2, head_dim=32,
+                                topk=TOPK, group=dist.group.WORLD, min_rows_per_rank=rows)
+            out = step.run(inp.q, inp.k, inp.k_scale, inp.weights)
+            results[(name, rows)] = (out, step.info.sharded, step.info.gate, str(step))
+    return results
+
+
+@pytest.mark.parametrize("side", ["shard", "replicate"])
+def test_gate_follows_the_calibrated_times(tmp_path, side):
+    # a calibration where compute is dear and the exchange cheap shards even 70 rows (the
+    # row count, 512 a rank on CPU, would not); one where the exchange is dear keeps 1100
+    # rows replicated (the row count would shard them); a set row count wins over both
+    import json
+
+    compute = {"per_key": 1000, "per_width": 0, "per_row": 10, "ns_per_key": 50.0 if side == "shard" else 0.01,
+               "ns_per_column": 0.0, "us_per_row": 1.0}
+    exchange = {"us": 1.0, "gb_per_s": 100.0} if side == "shard" else {"us": 1e6, "gb_per_s": 0.001}
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({"torch@cpu": compute, "exchange@gloox2": exchange}))
+    per_rank = run_ranks(_gate_file_rank, 2, str(path), timeout=600)
+    for key, (out, sharded, gate, text) in per_rank[0].items():
+        name, rows = key
+        if rows == 0:
+            assert sharded and gate.startswith("row count"), (key, gate)
+        else:
+            assert sharded == (side == "shard"), (key, gate)
+            assert gate.startswith(f"cost model ({side}") and "replicated" in gate and "sharded" in gate, gate
+        for r in range(1, 2):
+            assert torch.equal(per_rank[r][key][0], out) and per_rank[r][key][1] == sharded, key
+        seq, q = dict(small=([300, 60], [40, 30]), large=([1500], [1100]))[name]
+        want = indexer.prefill_topk(*make_inputs(seq, q, heads=2, head_dim=32, seed=7).args(), TOPK)
+        assert torch.equal(out.sort(1).values, want.sort(1).values), key
+
+
+def test_gate_without_calibrated_times_is_the_row_count(tmp_path):
+    per_rank = run_ranks(_gate_file_rank, 2, str(tmp_path / "none.json"), timeout=600)
+    small, large = per_rank[0][("small", None)], per_rank[0][("large", None)]
+    assert not small[1] and large[1]  # 70 rows < 512 x 2 <= 1100 rows
+    assert small[2].startswith("row count") and "bench calibrate --exchange --tp 2" in small[2], small[2]
+    assert large[2].startswith("row count: M=1100 >= min_rows_per_rank 512 x tp 2"), large[2]

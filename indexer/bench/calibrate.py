@@ -41,6 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cpu, cuda or cuda:N (default: cuda when torch sees a GPU)")
     p.add_argument("--repeats", type=positive_int, default=None, help=gpu_cpu("repeats"))
     p.add_argument("--dry-run", action="store_true", help="fit and print, do not store")
+    p.add_argument("--exchange", action="store_true",
+                   help="calibrate the exchange of --tp ranks instead (NCCL on GPUs, gloo on CPU): the sharding "
+                        "gate then predicts sharded against replicated times from both fits")
+    p.add_argument("--tp", type=positive_int, default=2, help="ranks of --exchange (default 2)")
 
 
 def _device(text: str) -> str:
@@ -100,6 +104,75 @@ def fit(samples: list[tuple[int, int, float]]):
     return [max(0.0, c) for c in coef]
 
 
+_EXCHANGE_ROWS = dict(cuda=(1024, 8192, 32768, 65536), cpu=(256, 2048, 8192))
+
+
+def _exchange_rank(rank: int, world: int, device: str, topk: int, repeats: int) -> list[tuple[int, float]]:
+    """``(bytes of the table, ms)`` of this group's exchange of int32 ``[M, topk]`` tables."""
+    import time
+
+    import torch.distributed as dist
+
+    from ..collective import choose_mode, make_exchange, probe_group
+    from ..partition import plan_rows
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        dev = torch.device("cuda", rank)
+        torch.cuda.set_device(dev)
+    group = dist.group.WORLD
+    caps = probe_group(group, dev)
+    samples = []
+    for m in _EXCHANGE_ROWS["cuda" if dev.type == "cuda" else "cpu"]:
+        plan = plan_rows(torch.zeros(m, dtype=torch.int64), torch.ones(m, dtype=torch.int64), world, "balanced")
+        ex = make_exchange(plan, rank, group, choose_mode("auto", caps, plan.strategy), topk, dev)
+        out = torch.zeros(m, topk, dtype=torch.int32, device=dev)
+        times = []
+        for i in range(repeats + 1):
+            dist.barrier(group=group)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            t0 = time.perf_counter()
+            ex.before(out)
+            ex(out)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            if i:  # the first is a warm-up
+                times.append((time.perf_counter() - t0) * 1e3)
+        samples.append((m * topk * 4, sorted(times)[len(times) // 2]))
+    return samples
+
+
+def run_exchange(args: argparse.Namespace) -> int:
+    """``--exchange``: time the exchange at a few table sizes on ``--tp`` ranks and store
+    ``us + bytes / bandwidth`` (the slowest rank's median at each size)."""
+    from ..launch import run_ranks
+    from ..partition.calibration import save_exchange_calibration
+
+    device = torch.device(args.device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    print(f"calibrating the exchange of {args.tp} {backend} ranks on {device.type}: int32 [M, {args.topk}] tables, "
+          f"median of {args.repeats}", flush=True)
+    per_rank = run_ranks(_exchange_rank, args.tp, device.type, args.topk, args.repeats, backend=backend, timeout=1800)
+    rows = [dict(M=nbytes // (4 * args.topk), MB=nbytes / 2**20, ms=max(r[i][1] for r in per_rank))
+            for i, (nbytes, _) in enumerate(per_rank[0])]
+    x = torch.tensor([[r["MB"] * 2**20, 1.0] for r in rows], dtype=torch.float64)
+    y = torch.tensor([[r["ms"]] for r in rows], dtype=torch.float64)
+    per_byte_ms, fixed_ms = torch.linalg.lstsq(x, y).solution.flatten().tolist()
+    for r in rows:
+        r["fit_ms"] = fixed_ms + per_byte_ms * r["MB"] * 2**20
+    print(table(rows, [("M", "rows M", "d"), ("MB", "table MB", ".1f"), ("ms", "exchange ms", ".3f"),
+                       ("fit_ms", "fit ms", ".3f")]))
+    if per_byte_ms <= 0:
+        print("fit failed: no positive per-byte time; nothing stored")
+        return 1
+    us, gb_per_s = max(0.0, fixed_ms * 1e3), 1e-6 / per_byte_ms
+    print(f"fit: {us:.1f} us + bytes / {gb_per_s:.2f} GB/s")
+    if not args.dry_run:
+        print(f"stored in {save_exchange_calibration(backend, args.tp, us, gb_per_s)}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from ..backends import select_backend
     from ..backends.base import plan_chunks, prepare_chunks, run_chunks
@@ -108,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
     from ..platform import platform_for_device
 
     args = resolve_defaults(args)
+    if args.exchange:
+        return run_exchange(args)
     device = torch.device(args.device)
     platform = platform_for_device(device)
     rows_out, samples = [], []

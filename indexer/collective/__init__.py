@@ -1,6 +1,6 @@
 """Reassembly of per-rank top-k slices, chosen by probing the process group."""
 
-from .agree import agreed_cost_model, forget_agreements
+from .agree import agreed_cost_model, agreed_time_model, forget_agreements
 from .guard import InconsistentRanksError, check_consistency, fingerprint
 from .probe import GroupCaps, backend_name, clear_cache, probe_group
 from .reassemble import (
@@ -32,6 +32,7 @@ __all__ = [
     "RING_STRATEGIES",
     "ReassemblyError",
     "agreed_cost_model",
+    "agreed_time_model",
     "backend_name",
     "forget_agreements",
     "check_consistency",

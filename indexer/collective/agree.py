@@ -14,8 +14,9 @@ import threading
 import torch
 import torch.distributed as dist
 
-from ..partition import CostModel
-from ..partition.calibration import cost_model_for
+from ..partition import CostModel, TimeModel
+from ..partition.calibration import cost_model_for, load_time_model
+from .probe import backend_name
 
 _lock = threading.Lock()
 _agreed: dict[tuple[object, str, str], CostModel] = {}
@@ -42,7 +43,35 @@ def agreed_cost_model(group: object, device: torch.device, backend: object, arch
     return model
 
 
+_agreed_times: dict[tuple[object, str, str], tuple[TimeModel | None, str]] = {}
+
+
+def agreed_time_model(group: object, device: torch.device, backend: object, arch: str) -> tuple[TimeModel | None, str]:
+    """Rank 0's calibrated times for the sharding gate (``(None, why)`` where rank 0 has
+    none), the same on every rank of ``group``. Collective on first use per (group, backend,
+    arch), like :func:`agreed_cost_model`."""
+    key = (group, getattr(backend, "name"), arch)
+    with _lock:
+        if key in _agreed_times:
+            return _agreed_times[key]
+    world = dist.get_world_size(group)
+    mine, why = load_time_model(getattr(backend, "name"), arch, backend_name(group, device), world)
+    values = [0.0] * 5 if mine is None else [1.0, mine.ns_per_key, mine.us_per_row, mine.exchange_us,
+                                             mine.exchange_gb_per_s]
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    dist.broadcast(t, src=src, group=group)
+    have, *times = t.tolist()
+    rank0 = dist.get_rank(group) == 0
+    agreed = (TimeModel(*times), why if rank0 else "rank 0's calibration") if have else (
+        None, why if rank0 else "rank 0 has no calibrated times")
+    with _lock:
+        _agreed_times[key] = agreed
+    return agreed
+
+
 def forget_agreements() -> None:
     """Drop the cached models (tests that recreate groups, or after recalibrating)."""
     with _lock:
         _agreed.clear()
+        _agreed_times.clear()

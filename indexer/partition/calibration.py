@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .. import envs
 from .cost import CostModel
+from .gate import TimeModel
 
 
 def calibration_path() -> Path:
@@ -84,3 +85,46 @@ def save_calibration(backend: str, arch: str, model: CostModel, extra: dict | No
         json.dump(data, f, indent=1, sort_keys=True)
     tmp.replace(path)
     return path
+
+
+def exchange_key(group_backend: str, world: int) -> str:
+    """The file's key of a group's exchange calibration: ``exchange@<backend>x<world>``."""
+    return f"exchange@{group_backend}x{world}"
+
+
+def save_exchange_calibration(group_backend: str, world: int, us: float, gb_per_s: float,
+                              extra: dict | None = None) -> Path:
+    """Store the exchange fit of a ``world``-rank ``group_backend`` group (other entries kept)."""
+    path = calibration_path()
+    data = dict(_read(path))
+    data[exchange_key(group_backend, world)] = {"us": us, "gb_per_s": gb_per_s, **(extra or {})}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    tmp.replace(path)
+    return path
+
+
+def load_time_model(backend: str, arch: str, group_backend: str, world: int) -> tuple[TimeModel | None, str]:
+    """``(model, why)``: the calibrated times the sharding gate needs, or ``None`` and what
+    is missing (then the gate is the row count)."""
+    path = calibration_path()
+    data = _read(path)
+    compute, exchange = data.get(f"{backend}@{arch}") or {}, data.get(exchange_key(group_backend, world)) or {}
+    missing = []
+    if "ns_per_key" not in compute or "us_per_row" not in compute:
+        missing.append(f"no calibrated times for {backend}@{arch} ('bench calibrate')")
+    if "us" not in exchange or "gb_per_s" not in exchange:
+        missing.append(f"no {exchange_key(group_backend, world)} ('bench calibrate --exchange --tp {world}')")
+    if missing:
+        return None, f"{'; '.join(missing)} in {path}"
+    try:
+        model = TimeModel(float(compute["ns_per_key"]) + float(compute.get("ns_per_column", 0.0)),
+                          float(compute["us_per_row"]), float(exchange["us"]), float(exchange["gb_per_s"]))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"cost model file {path}: bad times for {backend}@{arch} or "
+                         f"{exchange_key(group_backend, world)} ({exc}); fix or delete it") from None
+    if model.exchange_gb_per_s <= 0 or min(model.ns_per_key, model.us_per_row, model.exchange_us) < 0:
+        raise ValueError(f"cost model file {path}: times must be >= 0 and gb_per_s > 0 ({model})")
+    return model, f"calibrated ({path})"
