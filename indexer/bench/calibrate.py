@@ -104,7 +104,7 @@ def fit(samples: list[tuple[int, int, float]]):
     return [max(0.0, c) for c in coef]
 
 
-_EXCHANGE_ROWS = dict(cuda=(1024, 8192, 32768, 65536), cpu=(256, 2048, 8192))
+_EXCHANGE_ROWS = dict(cuda=(1024, 8192, 32768, 65536), cpu=(1024, 8192, 32768))
 
 
 def _exchange_rank(rank: int, world: int, device: str, topk: int, repeats: int) -> list[tuple[int, float]]:
