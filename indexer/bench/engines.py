@@ -88,6 +88,20 @@ def parse_case(spec: str) -> dict:
         raise ValueError(f"--cases: {spec!r} is not REQxKEYS:ROWS or [DECODE+]KEYS:ROWS+...[/SUB]") from None
 
 
+def _time_in_rounds(name: str, rows: list[dict], calls: list, cfg: dict, device: torch.device) -> None:
+    """``sync_ms`` and ``queued_ms`` of each row's call: rounds of every call in turn, so that
+    no way is timed only just after another (the first calls after a switch can be slower)
+    and drift hits every way alike; the median of the rounds."""
+    times = [([], []) for _ in rows]
+    for r in range(cfg["rounds"]):
+        print(f"  {name}: round {r + 1}/{cfg['rounds']}", file=sys.stderr, flush=True)
+        for (sync, queued), call in zip(times, calls):
+            sync.append(median_ms(call, device, warmup=3, repeats=cfg["repeats"]))
+            queued.append(queued_median_ms(call, device, warmup=3, repeats=cfg["repeats"]))
+    for row, (sync, queued) in zip(rows, times):
+        row["sync_ms"], row["queued_ms"] = statistics.median(sync), statistics.median(queued)
+
+
 def _direct_groups(step, topk: int):
     """Each gathering's rows and bounds, as a caller without the adapter would collect them."""
     from ..integrations.vllm import merge_subchunks
@@ -185,16 +199,8 @@ def _case_rows(name: str, spec: dict, cfg: dict, device: torch.device) -> list[d
             ref = got.clone()
         rows_out.append(dict(case=name, way=way, rows=q.shape[0] - first, keys=step.workspace_keys,
                              chunks=len(step.chunks), groups=len(groups), backend=direct[0][1].info.backend,
-                             same=bool(torch.equal(got, ref)), sync=[], queued=[]))
-    # rounds of every way in turn, so that no way is timed only just after another (the
-    # first calls after a switch can be slower) and drift hits every way alike
-    for r in range(cfg["rounds"]):
-        print(f"  {name}: round {r + 1}/{cfg['rounds']}", file=sys.stderr, flush=True)
-        for row, call in zip(rows_out, ways.values()):
-            row["sync"].append(median_ms(call, device, warmup=3, repeats=cfg["repeats"]))
-            row["queued"].append(queued_median_ms(call, device, warmup=3, repeats=cfg["repeats"]))
-    for row in rows_out:
-        row["sync_ms"], row["queued_ms"] = statistics.median(row.pop("sync")), statistics.median(row.pop("queued"))
+                             same=bool(torch.equal(got, ref))))
+    _time_in_rounds(name, rows_out, list(ways.values()), cfg, device)
     by_way = {r["way"]: r for r in rows_out}
     for r in rows_out:
         twin = {"adapter plan + run": "direct plan + run", "adapter one-shot": "direct one-shot"}.get(r["way"])
@@ -238,14 +244,9 @@ def _sglang_rows(name: str, spec: dict, cfg: dict, device: torch.device) -> list
     out = []
     for way, call in ways.items():
         out.append(dict(case=name, way=way, rows=rows, keys=n, chunks=None, groups=1, backend=direct.info.backend,
-                        same=None, sync=[], queued=[]))
-    for r in range(cfg["rounds"]):
-        print(f"  {name}: round {r + 1}/{cfg['rounds']}", file=sys.stderr, flush=True)
-        for row, call in zip(out, ways.values()):
-            row["sync"].append(median_ms(call, device, warmup=3, repeats=cfg["repeats"]))
-            row["queued"].append(queued_median_ms(call, device, warmup=3, repeats=cfg["repeats"]))
+                        same=None))
+    _time_in_rounds(name, out, list(ways.values()), cfg, device)
     for row in out:
-        row["sync_ms"], row["queued_ms"] = statistics.median(row.pop("sync")), statistics.median(row.pop("queued"))
         base = out[3] if "one-shot" in row["way"] else out[0]
         if row is not base:
             row["over_direct_sync"] = row["sync_ms"] / base["sync_ms"]

@@ -76,9 +76,15 @@ def cost_model_for(backend: object, arch: str) -> tuple[CostModel, str]:
 
 def save_calibration(backend: str, arch: str, model: CostModel, extra: dict | None = None) -> Path:
     """Store ``model`` for ``backend`` on ``arch`` (other entries kept)."""
+    entry = {"per_key": model.per_key, "per_width": model.per_width, "per_row": model.per_row, **(extra or {})}
+    return _store(f"{backend}@{arch}", entry)
+
+
+def _store(key: str, entry: dict) -> Path:
+    # one entry replaced, the others kept; written whole and renamed into place
     path = calibration_path()
     data = dict(_read(path))
-    data[f"{backend}@{arch}"] = {"per_key": model.per_key, "per_width": model.per_width, "per_row": model.per_row, **(extra or {})}
+    data[key] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
@@ -95,15 +101,7 @@ def exchange_key(group_backend: str, world: int) -> str:
 def save_exchange_calibration(group_backend: str, world: int, us: float, gb_per_s: float,
                               extra: dict | None = None) -> Path:
     """Store the exchange fit of a ``world``-rank ``group_backend`` group (other entries kept)."""
-    path = calibration_path()
-    data = dict(_read(path))
-    data[exchange_key(group_backend, world)] = {"us": us, "gb_per_s": gb_per_s, **(extra or {})}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    tmp.replace(path)
-    return path
+    return _store(exchange_key(group_backend, world), {"us": us, "gb_per_s": gb_per_s, **(extra or {})})
 
 
 def load_time_model(backend: str, arch: str, group_backend: str, world: int) -> tuple[TimeModel | None, str]:
