@@ -81,6 +81,29 @@ def test_bench_tp_cpu_writes_outputs(tmp_path):
         assert len(list(csv.DictReader(f))) == len(rows)
 
 
+def test_bench_tp_sweep_reports_the_gates_choice(tmp_path):
+    # an M sweep at one N (M <= N: a late chunk; M > N: whole requests), with a calibration
+    # where the exchange is dear: the gate keeps every point replicated and says why
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"torch@cpu": {"per_key": 1000, "per_width": 0, "per_row": 10, "ns_per_key": 0.01,
+                                               "us_per_row": 0.1},
+                                 "exchange@gloox2": {"us": 1e6, "gb_per_s": 0.001}}))
+    res = _run("bench", "tp", "--tp", "2", "--device", "cpu", "--contexts", "none", "--first", "none", "--varlen", "none",
+               "--sweep", "32,512@256", "--heads", "2", "--head-dim", "32", "--topk", "16", "--repeats", "1",
+               "--warmup", "0", "--out", str(tmp_path), env={"INDEXER_COST_MODEL_FILE": str(costs)})
+    assert res.returncode == 0, res.stdout + res.stderr
+    sweep = [r for r in json.loads((tmp_path / "tp.json").read_text())["rows"] if r["kind"] == "sweep"]
+    assert {(r["rows"], r["variant"]) for r in sweep} == {(m, v) for m in (32, 512) for v in ("replicated", "auto",
+                                                                                                "gated")}
+    assert all(r["exact"] for r in sweep)
+    for r in sweep:
+        if r["variant"] == "gated":
+            assert not r["sharded"] and r["gate"].startswith("cost model (replicate"), r["gate"]
+        if r["variant"] == "auto":
+            assert r["sharded"]
+    assert "the gate over the M sweep" in res.stdout
+
+
 def test_bench_kernels_cpu(tmp_path):
     out = tmp_path / "k.json"
     res = _run("bench", "kernels", "--rows", "32", "--context", "128", "--heads", "2", "--head-dim", "32", "--topk", "16",

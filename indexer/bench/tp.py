@@ -57,6 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--big", default=None, help="ROWSxKEYS very large step, replicated vs auto only (GPU default 65536x1048576; 'none' skips)")
     p.add_argument("--strategies", type=_strategy_list, default=list(VARIANTS),
                    help="comma-separated variants to time (default: all of " + ",".join(VARIANTS) + ")")
+    p.add_argument("--sweep", default=None,
+                   help="ROWS@KEYS, comma-separated lists: for every M in ROWS and N in KEYS, replicated, sharded "
+                        "(auto, forced) and what the gate chooses (M <= N: the last M rows of one request; M > N: "
+                        "M/N whole requests of N keys); GPU default 1024,...,65536@16384,131072; CPU none")
     p.add_argument("--heads", type=int, default=None)
     p.add_argument("--head-dim", type=int, default=None)
     p.add_argument("--topk", type=int, default=None)
@@ -67,9 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 _GPU_DEFAULTS = dict(contexts="16384,32768,65536,131072,262144,524288,1048576", rows=8192, first="16384,32768",
-                     varlen="4x32768:4096", big="65536x1048576", heads=64, head_dim=128, topk=2048, gate="4096x32768")
+                     varlen="4x32768:4096", big="65536x1048576", heads=64, head_dim=128, topk=2048, gate="4096x32768",
+                     sweep="1024,2048,4096,8192,16384,32768,65536@16384,131072")
 _CPU_DEFAULTS = dict(contexts="1024,2048,4096", rows=512, first="1024", varlen="3x1024:256", big="none",
-                     heads=4, head_dim=64, topk=256, gate="256x2048")
+                     heads=4, head_dim=64, topk=256, gate="256x2048", sweep="none")
 
 
 def _configs(cfg: dict) -> list[dict]:
@@ -88,6 +93,12 @@ def _configs(cfg: dict) -> list[dict]:
                         seq=[keys] * int(reqs), q=[rows] * int(reqs)))
     rows, keys = (int(x) for x in cfg["gate"].split("x"))
     out.append(dict(name=f"below gate M={rows} N={keys}", kind="gate", keys=keys, seq=[keys], q=[rows]))
+    if cfg["sweep"] and cfg["sweep"] != "none":
+        rows_text, keys_text = cfg["sweep"].split("@")
+        for n in sizes(keys_text):
+            for m in sizes(rows_text):
+                seq, q = ([n], [m]) if m <= n else ([n] * -(-m // n), [n] * -(-m // n))
+                out.append(dict(name=f"sweep M={sum(q)} N={n}", kind="sweep", keys=n, seq=seq, q=q))
     if cfg["big"] and cfg["big"] != "none":
         rows, keys = (int(x) for x in cfg["big"].split("x"))
         out.append(dict(name=f"big M={rows} N={keys}", kind="big", keys=keys, seq=[keys], q=[rows]))
@@ -146,6 +157,8 @@ def _rank_main(rank: int, world: int, cfg: dict) -> list[dict]:
         variants = ["replicated"]
         if c["kind"] == "gate":
             variants.append("gated")
+        elif c["kind"] == "sweep":
+            variants += ["auto", "gated"]
         elif c["kind"] == "big":
             variants.append("auto")
         else:
@@ -184,7 +197,7 @@ def _rank_main(rank: int, world: int, cfg: dict) -> list[dict]:
                 strategy=plan.strategy if plan else None, reassembly=info.reassembly,
                 rank_rows=plan.rows_per_rank[rank] if plan else sum(c["q"]),
                 imbalance=plan.imbalance if plan else None,
-                breakdown=breakdown, sharded=info.sharded,
+                breakdown=breakdown, sharded=info.sharded, gate=info.gate,
             ))
             if cuda:  # no cached blocks carried from one variant into the next
                 torch.cuda.empty_cache()
@@ -245,7 +258,7 @@ def summarize(per_rank: list[list[dict]]) -> list[dict]:
         rows.append(dict(
             config=rec["config"], kind=rec["kind"], keys=rec["keys"], rows=rec["rows"], variant=rec["variant"],
             strategy=rec["strategy"], reassembly=rec["reassembly"], backend=rec["backend"], sharded=rec["sharded"],
-            rows_per_rank="/".join(str(r["rank_rows"]) for r in recs), imbalance=rec["imbalance"],
+            rows_per_rank="/".join(str(r["rank_rows"]) for r in recs), imbalance=rec["imbalance"], gate=rec["gate"],
             **breakdown_of(recs, statistics.median(totals)),
             rank_times_ms=[r["times"] for r in recs],
             total_ms=statistics.median(totals), exact=all(r["exact"] for r in recs),
@@ -290,6 +303,37 @@ def plot_speedup(rows: list[dict], path: Path, title: str) -> str | None:
     return None
 
 
+def plot_sweep(rows: list[dict], path: Path, title: str) -> str | None:
+    """Writes the M-sweep plot (sharded speedup against M per N, the gate's choice marked);
+    ``None`` when done, else why not."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return f"no {path.name}: matplotlib is not installed ({PLOT_EXTRA}, or pip install matplotlib)"
+    sweep = [r for r in rows if r["kind"] == "sweep"]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for n in sorted({r["keys"] for r in sweep}):
+        pts = sorted((r["rows"], r["speedup"]) for r in sweep if r["keys"] == n and r["variant"] == "auto")
+        line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"sharded, N={n}")[0]
+        chose = sorted((r["rows"], r["speedup"], r["sharded"]) for r in sweep if r["keys"] == n and r["variant"] == "gated")
+        ax.scatter([p[0] for p in chose], [p[1] for p in chose], marker="x", color=line.get_color(),
+                   label=f"the gate's choice, N={n}")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("rows M")
+    ax.set_ylabel("speedup over replicated")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from ..launch import run_ranks
 
@@ -322,12 +366,21 @@ def run(args: argparse.Namespace) -> int:
         w.writerows(rows)
     title = f"indexer TP={tp} on {meta['gpu']} ({rows[0]['backend']}), H={cfg['heads']} D={cfg['head_dim']} topk={cfg['topk']}"
     no_plot = plot_speedup(rows, out / "tp_speedup.png", title)
+    has_sweep = any(r["kind"] == "sweep" for r in rows)
+    no_sweep_plot = plot_sweep(rows, out / "tp_sweep.png", title) if has_sweep else "no sweep"
     print(title)
     cols = [("config", "config", "s"), ("variant", "variant", "s"), ("strategy", "plan", "s"), ("reassembly", "exchange", "s"),
             ("rows_per_rank", "rows/rank", "s"), ("imbalance", "imbal.", ".3f"), ("compute_ms", "compute ms", ".2f"),
             ("wait_ms", "wait ms", ".2f"), ("exchange_ms", "exch. ms", ".2f"), ("total_ms", "total ms", ".2f"), ("speedup", "speedup", ".2f"),
             ("peak_gib", "peak GiB", ".1f"), ("exact", "exact", "")]
     print(table(rows, cols))
-    written = ["tp.json", "tp.csv"] + ([] if no_plot else ["tp_speedup.png"])
+    if has_sweep:
+        print("\nthe gate over the M sweep (gated: the call with the default gate; its rule and predictions):")
+        print(table([dict(r, chose="sharded" if r["sharded"] else "replicated") for r in rows
+                     if r["kind"] == "sweep" and r["variant"] == "gated"],
+                    [("config", "config", "s"), ("chose", "gate chose", "s"), ("speedup", "speedup", ".2f"),
+                     ("gate", "rule", "s")]))
+    written = ["tp.json", "tp.csv"] + ([] if no_plot else ["tp_speedup.png"]) + ([] if no_sweep_plot else
+                                                                                 ["tp_sweep.png"])
     print(f"wrote {', '.join(written)} to {out}" + (f"; {no_plot}" if no_plot else ""))
     return 0 if all(r["exact"] for r in rows) else 1
