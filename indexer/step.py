@@ -23,6 +23,8 @@ from . import envs
 from .backends import select_backend
 from .backends.base import fill_index, plan_chunks, prepare_chunks, run_chunks
 from .collective import (
+    NARROW_AUTO_WINDOW,
+    NARROW_MAX_WINDOW,
     RING_STRATEGIES,
     GroupCaps,
     agreed_time_model,
@@ -211,8 +213,13 @@ class StepPlan:
                 "reassembly, stripe rows, exchange bits)",
             )
         row_plan = None
-        times, no_times = (agreed_time_model(group, problem.device, chosen, platform.arch) if by_model
-                           else (None, f"min_rows_per_rank set ({min_rows_set.source})"))
+        times, no_times = None, ""
+        if world > 1 and shard_on and m > 0:
+            # every rank of a sharding-enabled group agrees on rank 0's times (a collective, once
+            # per group), whichever rule its own settings pick, so no rank skips it
+            times, no_times = agreed_time_model(group, problem.device, chosen, platform.arch)
+        if not by_model:
+            times, no_times = None, f"min_rows_per_rank set ({min_rows_set.source})"
         widest = int((problem.ends_host - problem.starts_host).max()) if m else 0
         if world == 1:
             info.reason = "no tensor-parallel group"
@@ -225,7 +232,10 @@ class StepPlan:
             caps = probe_group(group, problem.device)
             model = agreed_cost_model(group, problem.device, chosen, platform.arch)
             row_plan, mode = choose_plan(problem, model, caps, strategy_req, reassembly_req, stripe)
-            info.exchange_bits = choose_exchange_bits(bits_req, mode, widest)
+            try:
+                info.exchange_bits, refused = choose_exchange_bits(bits_req, mode, widest), None
+            except ReassemblyError as exc:  # raised only if the step shards: a forced width
+                info.exchange_bits, refused = 32, exc
             if times is not None:
                 decision = model_gate(times, problem.starts_host.to(torch.int64), problem.ends_host.to(torch.int64),
                                       row_plan.pieces, problem.topk, info.exchange_bits)
@@ -235,6 +245,8 @@ class StepPlan:
             if times is not None and not decision.shard:
                 row_plan, info.exchange_bits = None, None
                 info.reason = f"replicated by the {info.gate}"
+            elif refused is not None:
+                raise refused
             else:
                 info.sharded, info.plan, info.reassembly = True, row_plan, mode
                 info.reason = f"sharded: {row_plan.describe()}, reassembly {mode} ({info.exchange_bits}-bit indices)"
@@ -253,6 +265,8 @@ class StepPlan:
         if row_plan is not None:
             self.exchange = make_exchange(row_plan, rank, group, info.reassembly, problem.topk, problem.device,
                                           info.exchange_bits, widest)
+        # the widest window a 16-bit exchange of this plan carries exactly
+        self.narrow_window = NARROW_AUTO_WINDOW if widest <= NARROW_AUTO_WINDOW else NARROW_MAX_WINDOW
         self.backend, self.info, self.group = chosen, info, group
         log.debug("indexer plan M=%d N=%d: %s", m, problem.num_keys, self)
 
@@ -318,7 +332,9 @@ class StepPlan:
         should be pinned for the copy not to wait), or none after copying them yourself
         into the device int32 tensors the plan was made with (it uses those in place). The
         new windows must fit the planned ones: each row's window inside the key range of
-        its chunk (``plan.chunks``) and, for a compressed chunk, no longer than its width
+        its chunk (``plan.chunks``), no wider than the plan's widest window where it exchanges
+        16-bit indices (``plan.info.exchange_bits``; host bounds are checked for it) and, for a
+        compressed chunk, no longer than its width
         (device bounds cannot be checked without a sync: a window past its chunk's keys is
         clipped to them, so only that row's answer is wrong). Host bounds are checked
         (``0 <= row_starts <= row_ends <= N``) before anything is copied.
@@ -340,7 +356,13 @@ class StepPlan:
                 raise ValueError(f"{name} is on {src.device}: give the bounds on the host or on {p.device}")
         if row_starts is not None and row_ends is not None and row_starts.device.type == "cpu" \
                 and row_ends.device.type == "cpu":
-            check_bounds(row_starts.to(torch.int64), row_ends.to(torch.int64), p.num_keys)  # free on the host
+            starts, ends = row_starts.to(torch.int64), row_ends.to(torch.int64)
+            check_bounds(starts, ends, p.num_keys)  # free on the host
+            widest = int((ends - starts).max()) if p.num_rows else 0
+            if self.info.exchange_bits == 16 and widest > self.narrow_window:
+                raise ValueError(f"row_ends - row_starts reaches {widest} keys: this plan exchanges 16-bit indices, "
+                                 f"planned for windows of at most {self.narrow_window} keys (plan with the widest "
+                                 "windows, or exchange_bits='32')")
         for _, src, dst in new:
             if src is not None:
                 dst.copy_(src, non_blocking=True)

@@ -379,3 +379,53 @@ def test_gate_without_calibrated_times_is_the_row_count(tmp_path):
     assert not small[1] and large[1]  # 70 rows < 512 x 2 <= 1100 rows
     assert small[2].startswith("row count") and "bench calibrate --exchange --tp 2" in small[2], small[2]
     assert large[2].startswith("row count: M=1100 >= min_rows_per_rank 512 x tp 2"), large[2]
+
+
+def _bad_file_rank(rank, world, tmpdir, bad_rank):
+    import os
+
+    import torch.distributed as dist
+
+    path = os.path.join(tmpdir, f"costs{rank}.json")
+    with open(path, "w") as f:
+        f.write("{not json" if rank == bad_rank else "{}")
+    os.environ["INDEXER_COST_MODEL_FILE"] = path
+    inp = _inputs(40, seed=3)
+    try:
+        indexer.prefill_topk(*inp.args(), TOPK, group=dist.group.WORLD, min_rows_per_rank=0)
+        return None
+    except ValueError as exc:
+        return str(exc)
+
+
+@pytest.mark.parametrize("bad_rank", [0, 1])
+def test_a_bad_cost_file_raises_on_every_rank_or_on_none(tmp_path, bad_rank):
+    # only rank 0's file is read (its model and times are what the group agrees on): a bad
+    # one there raises on every rank, none left waiting in a collective; one elsewhere is unused
+    msgs = run_ranks(_bad_file_rank, 2, str(tmp_path), bad_rank, timeout=300)
+    if bad_rank == 0:
+        assert all(m is not None for m in msgs), msgs
+        assert "unreadable" in msgs[0]
+    else:
+        assert msgs == [None, None]
+
+
+def _update_rank(rank, world):
+    import torch.distributed as dist
+
+    inp = make_inputs([3000, 30000], [40, 30], heads=2, head_dim=16, seed=5)  # windows up to 30000 keys
+    step = indexer.plan(inp.row_starts, inp.row_ends, num_keys=inp.k.shape[0], heads=2, head_dim=16, topk=TOPK,
+                        group=dist.group.WORLD, min_rows_per_rank=0, strategy="contiguous", reassembly="padded")
+    wider = inp.row_starts.clone(), inp.row_ends.clone()
+    wider[0][:] = 0
+    wider[1][:] = inp.k.shape[0]  # every row's window: all 33000 keys, past the 32768 one copy widens
+    try:
+        step.update_bounds(*wider)
+        return step.info.exchange_bits, None
+    except ValueError as exc:
+        return step.info.exchange_bits, str(exc)
+
+
+def test_update_bounds_refuses_windows_a_16_bit_exchange_cannot_carry():
+    for bits, msg in run_ranks(_update_rank, 2, timeout=300):
+        assert bits == 16 and msg is not None and "16-bit" in msg, msg

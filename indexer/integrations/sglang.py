@@ -100,8 +100,9 @@ def make_transform(kind: str, rows: int, row_starts: torch.Tensor, *, topk_indic
         return t
 
     if kind == "ragged":
-        return IndexTransform(kind, offsets=vector("topk_indices_offset",
-                                                   row_starts if topk_indices_offset is None else topk_indices_offset))
+        if topk_indices_offset is None:  # the default offsets are ks itself
+            return IndexTransform(kind, offsets=vector("ks (topk_indices_offset's default)", row_starts))
+        return IndexTransform(kind, offsets=vector("topk_indices_offset", topk_indices_offset))
     if kind == "paged":
         if page_table_1 is None or page_table_1.dim() != 2 or page_table_1.dtype not in _INT or \
                 page_table_1.device != device:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 from pathlib import Path
 
@@ -123,6 +124,7 @@ def load_time_model(backend: str, arch: str, group_backend: str, world: int) -> 
     except (TypeError, ValueError) as exc:
         raise ValueError(f"cost model file {path}: bad times for {backend}@{arch} or "
                          f"{exchange_key(group_backend, world)} ({exc}); fix or delete it") from None
-    if model.exchange_gb_per_s <= 0 or min(model.ns_per_key, model.us_per_row, model.exchange_us) < 0:
-        raise ValueError(f"cost model file {path}: times must be >= 0 and gb_per_s > 0 ({model})")
+    values = (model.ns_per_key, model.us_per_row, model.exchange_us, model.exchange_gb_per_s)
+    if not all(math.isfinite(v) for v in values) or model.exchange_gb_per_s <= 0 or min(values) < 0:
+        raise ValueError(f"cost model file {path}: times must be finite and >= 0, gb_per_s > 0 ({model})")
     return model, f"calibrated ({path})"

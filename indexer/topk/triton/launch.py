@@ -71,7 +71,11 @@ def interpreter_reasons() -> tuple:
     holds such a value as a 1-element numpy array and, up to Triton 3.6, turns it into an
     index with ``int(array)``, which numpy 2.4 refuses; Triton 3.7 squeezes the array first.
     Found by running one such loop in the interpreter (once, cached), not by version numbers.
-    Call only with ``TRITON_INTERPRET=1`` set before Triton was imported."""
+    Cached: call with ``TRITON_INTERPRET=1`` set before indexer was imported."""
+    if type(_loaded_bound_loop).__name__ != "InterpretedFunction":
+        # TRITON_INTERPRET=1 was set after these kernels were defined: they are compiled ones
+        return ("Triton's interpreter is not active for indexer's kernels: TRITON_INTERPRET=1 was set after they "
+                "were defined (set it before importing indexer)",)
     try:
         n = torch.full((1,), 3, dtype=torch.int32)
         _loaded_bound_loop[(1,)](n)
