@@ -258,7 +258,8 @@ def summarize(per_rank: list[list[dict]]) -> list[dict]:
         rows.append(dict(
             config=rec["config"], kind=rec["kind"], keys=rec["keys"], rows=rec["rows"], variant=rec["variant"],
             strategy=rec["strategy"], reassembly=rec["reassembly"], backend=rec["backend"], sharded=rec["sharded"],
-            rows_per_rank="/".join(str(r["rank_rows"]) for r in recs), imbalance=rec["imbalance"], gate=rec["gate"],
+            rows_per_rank="/".join(str(r["rank_rows"]) for r in recs), imbalance=rec["imbalance"],
+            gate=rec.get("gate", ""),  # records of runs before the calibrated gate have none
             **breakdown_of(recs, statistics.median(totals)),
             rank_times_ms=[r["times"] for r in recs],
             total_ms=statistics.median(totals), exact=all(r["exact"] for r in recs),
