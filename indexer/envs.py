@@ -322,6 +322,11 @@ class Resolved:
     value: Any
     source: str
 
+    @property
+    def is_set(self) -> bool:
+        """Whether a caller chose the value (an argument or an ``INDEXER_*`` variable), not a default."""
+        return self.source == "argument" or self.source.startswith("env")
+
 
 def resolve(name: str, platform_key: str | None = None, override: Any = None) -> Resolved:
     """Effective value of a flag.

@@ -23,13 +23,11 @@ from . import envs
 from .backends import select_backend
 from .backends.base import fill_index, plan_chunks, prepare_chunks, run_chunks
 from .collective import (
-    NARROW_AUTO_WINDOW,
-    NARROW_MAX_WINDOW,
     RING_STRATEGIES,
     GroupCaps,
-    agreed_time_model,
     ReassemblyError,
     agreed_cost_model,
+    agreed_time_model,
     check_consistency,
     choose_mode,
     exchange_bits as choose_exchange_bits,
@@ -136,8 +134,8 @@ def plan(
         check_values: ``off|async|sync``: each run checks that ``k_scale`` (where a row
             reads it) and ``weights`` are finite (default ``INDEXER_CHECK_VALUES``, off).
         exchange_bits: ``auto|16|32``: width of the indices the ranks exchange; ``auto``
-            takes 16 where every window has at most 65535 keys and the reassembly gathers
-            (default ``INDEXER_EXCHANGE_BITS``).
+            takes 16 where every window has at most 32768 keys and the reassembly gathers,
+            ``16`` up to 65535 keys (default ``INDEXER_EXCHANGE_BITS``).
 
     The plan's logits workspace and top-k scratch are the device's, shared with the other
     plans made while the same CUDA stream was current: runs of those plans must not overlap
@@ -199,8 +197,7 @@ class StepPlan:
         info = StepInfo(chosen.name, False, world, rank, notes=tuple(chosen.notes(problem)))
         shard = world > 1 and shard_on and m >= min_rows * world
         # the gate: the calibrated times where rank 0 has them, unless the row count was set
-        rows_set = min_rows_set.source == "argument" or min_rows_set.source.startswith("env")
-        by_model = world > 1 and shard_on and m > 0 and not rows_set
+        by_model = world > 1 and shard_on and m > 0 and not min_rows_set.is_set
         if consistency and world > 1:
             # before anything that only sharding ranks do, so disagreeing ranks raise, not hang
             digest = fingerprint(
@@ -220,7 +217,6 @@ class StepPlan:
             times, no_times = agreed_time_model(group, problem.device, chosen, platform.arch)
         if not by_model:
             times, no_times = None, f"min_rows_per_rank set ({min_rows_set.source})"
-        widest = int((problem.ends_host - problem.starts_host).max()) if m else 0
         if world == 1:
             info.reason = "no tensor-parallel group"
         elif not shard_on:
@@ -232,6 +228,7 @@ class StepPlan:
             caps = probe_group(group, problem.device)
             model = agreed_cost_model(group, problem.device, chosen, platform.arch)
             row_plan, mode = choose_plan(problem, model, caps, strategy_req, reassembly_req, stripe)
+            widest = int((problem.ends_host - problem.starts_host).max()) if m else 0
             try:
                 info.exchange_bits, refused = choose_exchange_bits(bits_req, mode, widest), None
             except ReassemblyError as exc:  # raised only if the step shards: a forced width
@@ -265,8 +262,6 @@ class StepPlan:
         if row_plan is not None:
             self.exchange = make_exchange(row_plan, rank, group, info.reassembly, problem.topk, problem.device,
                                           info.exchange_bits, widest)
-        # the widest window a 16-bit exchange of this plan carries exactly
-        self.narrow_window = NARROW_AUTO_WINDOW if widest <= NARROW_AUTO_WINDOW else NARROW_MAX_WINDOW
         self.backend, self.info, self.group = chosen, info, group
         log.debug("indexer plan M=%d N=%d: %s", m, problem.num_keys, self)
 
@@ -359,9 +354,10 @@ class StepPlan:
             starts, ends = row_starts.to(torch.int64), row_ends.to(torch.int64)
             check_bounds(starts, ends, p.num_keys)  # free on the host
             widest = int((ends - starts).max()) if p.num_rows else 0
-            if self.info.exchange_bits == 16 and widest > self.narrow_window:
+            carries = getattr(self.exchange, "max_window", None)  # a 16-bit exchange's exact limit
+            if carries is not None and widest > carries:
                 raise ValueError(f"row_ends - row_starts reaches {widest} keys: this plan exchanges 16-bit indices, "
-                                 f"planned for windows of at most {self.narrow_window} keys (plan with the widest "
+                                 f"planned for windows of at most {carries} keys (plan with the widest "
                                  "windows, or exchange_bits='32')")
         for _, src, dst in new:
             if src is not None:

@@ -278,8 +278,9 @@ PLOT_EXTRA = "pip install 'indexer[plot]'"
 """How to get matplotlib for the plot (pyproject's ``plot`` extra)."""
 
 
-def plot_speedup(rows: list[dict], path: Path, title: str) -> str | None:
-    """Writes the speedup plot; ``None`` when done, else why not (with what to install)."""
+def _plot(path: Path, title: str, xlabel: str, draw) -> str | None:
+    """A speedup-over-replicated plot on a log2 x axis, ``draw(ax)`` adding the data; ``None``
+    when written, else why not (with what to install)."""
     try:
         import matplotlib
 
@@ -287,44 +288,10 @@ def plot_speedup(rows: list[dict], path: Path, title: str) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return f"no {path.name}: matplotlib is not installed ({PLOT_EXTRA}, or pip install matplotlib)"
-    late = [r for r in rows if r["kind"] == "late" and r["variant"] != "replicated"]
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for v in sorted({r["variant"] for r in late}):
-        pts = sorted((r["keys"], r["speedup"]) for r in late if r["variant"] == v)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=v)
+    draw(ax)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("context length N (keys)")
-    ax.set_ylabel("speedup over replicated")
-    ax.set_title(title, fontsize=9)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return None
-
-
-def plot_sweep(rows: list[dict], path: Path, title: str) -> str | None:
-    """Writes the M-sweep plot (sharded speedup against M per N, the gate's choice marked);
-    ``None`` when done, else why not."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return f"no {path.name}: matplotlib is not installed ({PLOT_EXTRA}, or pip install matplotlib)"
-    sweep = [r for r in rows if r["kind"] == "sweep"]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for n in sorted({r["keys"] for r in sweep}):
-        pts = sorted((r["rows"], r["speedup"]) for r in sweep if r["keys"] == n and r["variant"] == "auto")
-        line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"sharded, N={n}")[0]
-        chose = sorted((r["rows"], r["speedup"], r["sharded"]) for r in sweep if r["keys"] == n and r["variant"] == "gated")
-        ax.scatter([p[0] for p in chose], [p[1] for p in chose], marker="x", color=line.get_color(),
-                   label=f"the gate's choice, N={n}")
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("rows M")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("speedup over replicated")
     ax.set_title(title, fontsize=9)
     ax.grid(True, alpha=0.3)
@@ -333,6 +300,35 @@ def plot_sweep(rows: list[dict], path: Path, title: str) -> str | None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return None
+
+
+def plot_speedup(rows: list[dict], path: Path, title: str) -> str | None:
+    """Writes the speedup plot of the late chunks against N; ``None`` when done, else why not."""
+    late = [r for r in rows if r["kind"] == "late" and r["variant"] != "replicated"]
+
+    def draw(ax):
+        for v in sorted({r["variant"] for r in late}):
+            pts = sorted((r["keys"], r["speedup"]) for r in late if r["variant"] == v)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=v)
+
+    return _plot(path, title, "context length N (keys)", draw)
+
+
+def plot_sweep(rows: list[dict], path: Path, title: str) -> str | None:
+    """Writes the M-sweep plot (sharded speedup against M per N, the gate's choice marked);
+    ``None`` when done, else why not."""
+    sweep = [r for r in rows if r["kind"] == "sweep"]
+
+    def draw(ax):
+        for n in sorted({r["keys"] for r in sweep}):
+            pts = sorted((r["rows"], r["speedup"]) for r in sweep if r["keys"] == n and r["variant"] == "auto")
+            line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"sharded, N={n}")[0]
+            chose = sorted((r["rows"], r["speedup"]) for r in sweep if r["keys"] == n and r["variant"] == "gated")
+            ax.scatter([p[0] for p in chose], [p[1] for p in chose], marker="x", color=line.get_color(),
+                       label=f"the gate's choice, N={n}")
+        ax.axhline(1.0, color="grey", lw=0.8)
+
+    return _plot(path, title, "rows M", draw)
 
 
 def run(args: argparse.Namespace) -> int:

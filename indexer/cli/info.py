@@ -108,23 +108,22 @@ def run(args: argparse.Namespace) -> int:
 def _gate_line(platform) -> str:
     """Which rule the sharding gate uses here: the calibrated times it found, or the row count."""
     from indexer import envs
-    from indexer.partition.calibration import calibration_path
+    from indexer.partition import MARGIN
+    from indexer.partition.calibration import calibration_path, stored
 
     r = envs.resolve("TP_SHARD_MIN_ROWS", platform.key)
-    if r.source.startswith("env"):
+    if r.is_set:
         return f"\nsharding gate: row count, {r.value} rows per rank (set by {r.source[4:]})"
     try:
-        import json
-
-        entries = json.loads(calibration_path().read_text())
-    except (OSError, ValueError):
-        entries = {}
+        entries = stored()
+    except ValueError as exc:
+        return f"\nsharding gate: row count, {r.value} rows per rank ({exc})"
     timed = sorted(k for k, v in entries.items() if "@" in k and not k.startswith("exchange@") and "ns_per_key" in v)
     links = sorted(k for k in entries if k.startswith("exchange@"))
     if timed and links:
         return (f"\nsharding gate: calibrated times where a plan's backend and group match ({', '.join(timed)}; "
                 f"{', '.join(links)} in {calibration_path()}): shard when predicted sharded (slowest rank + "
-                f"exchange) < 0.95 x replicated; otherwise the row count, {r.value} rows per rank")
+                f"exchange) < {1 - MARGIN:.2f} x replicated; otherwise the row count, {r.value} rows per rank")
     missing = "no calibrated compute times ('bench calibrate')" if not timed else \
         "no calibrated exchange ('bench calibrate --exchange --tp N')"
     return f"\nsharding gate: row count, {r.value} rows per rank ({missing} in {calibration_path()})"

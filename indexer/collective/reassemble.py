@@ -241,7 +241,8 @@ class NarrowExchange:
     Exact where every index is at most 65534 (:func:`exchange_bits`). Where every index is at
     most 32767 (``max_window <= 32768``) the widening is one sign-extending copy; above, the
     copy is followed by a mask to 16 bits and ``0xFFFF`` back to ``-1``. The 16-bit table and
-    the mask are allocated here, at plan time.
+    the mask are allocated here, at plan time. ``max_window``: the widest window it carries
+    exactly (:data:`NARROW_AUTO_WINDOW` without the mask, else :data:`NARROW_MAX_WINDOW`).
 
     Args:
         As :class:`Exchange`'s, with ``mode`` one of :data:`GATHER_MODES`, and
@@ -256,8 +257,10 @@ class NarrowExchange:
         self.plan, self.rank, self.mode = plan, rank, mode
         self.table = torch.empty(plan.num_rows, width, dtype=torch.int16, device=device)
         self.mask = None
-        if max_window > 32768:  # indices of 32768 and up arrive sign-extended
+        self.max_window = NARROW_AUTO_WINDOW
+        if max_window > NARROW_AUTO_WINDOW:  # indices of 32768 and up arrive sign-extended
             self.mask = torch.empty(plan.num_rows, width, dtype=torch.bool, device=device)
+            self.max_window = NARROW_MAX_WINDOW
 
     def before(self, out: torch.Tensor) -> None:
         """Nothing: gathers need no prefill."""

@@ -50,6 +50,15 @@ def _read_file(path: str, mtime_ns: int) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def stored() -> dict:
+    """Every entry of the calibration file (``{}`` where there is none).
+
+    Raises:
+        ValueError: the file is unreadable.
+    """
+    return dict(_read(calibration_path()))
+
+
 def load_calibration(backend: str, arch: str) -> CostModel | None:
     """The calibrated model of ``backend`` on ``arch``, or ``None`` when none is stored."""
     path = calibration_path()

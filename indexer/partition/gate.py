@@ -47,16 +47,14 @@ class TimeModel:
 
 @dataclass(frozen=True)
 class GateDecision:
-    """Whether to shard, which rule decided, and (for the model) its two predictions."""
+    """Whether to shard, the rule's name, and the model's two predictions."""
 
     shard: bool
     rule: str
-    replicated_ms: float | None = None
-    sharded_ms: float | None = None
+    replicated_ms: float
+    sharded_ms: float
 
     def describe(self) -> str:
-        if self.replicated_ms is None:
-            return self.rule
         return (f"{self.rule}: sharded {self.sharded_ms:.3f} ms (slowest rank + exchange) vs replicated "
                 f"{self.replicated_ms:.3f} ms")
 
