@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 
 def _run(*args, env=None):
     import os
@@ -56,3 +58,37 @@ def test_bench_topk_fused_rows_select_the_unfused_sets(tmp_path, cpu_interpreter
     rows = {r["method"]: r for r in json.loads(out.read_text())["fused"]}
     assert set(rows) == {"triton + triton top-k", "fused triton"}, rows  # no DeepGEMM on CPU
     assert rows["fused triton"]["same"] == 1.0 and rows["fused triton"]["ms"] > 0
+
+
+def test_bench_backends_budgets_never_change_a_backends_sets(tmp_path):
+    import json
+
+    out = tmp_path / "backends.json"
+    res = _run("bench", "backends", "--shapes", "first@256,2x300:40", "--budgets", "512,0.05", "--heads", "4",
+               "--head-dim", "32", "--topk", "16", "--rounds", "1", "--device", "cpu", "--json", str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["shape"], r["budget_mb"]) for r in rows] == [
+        ("first@256", 512), ("first@256", 512), ("first@256", 0.05), ("first@256", 0.05),
+        ("2x300:40", 512), ("2x300:40", 512), ("2x300:40", 0.05), ("2x300:40", 0.05)]
+    assert [r["way"] for r in rows[:2]] == ["auto (torch)", "torch"]
+    assert all(r["same"] is True and r["ms"] > 0 and "error" not in r for r in rows)
+    chunks = {(r["shape"], r["budget_mb"]): r["chunks"] for r in rows}
+    # a 0.05 MiB budget holds about 50 rows of 256 float32 logits: the step is cut into many
+    # chunks, and their tables still equal the one-chunk tables (same above)
+    assert chunks[("first@256", 512)] == 1 and chunks[("first@256", 0.05)] >= 4
+    assert chunks[("2x300:40", 0.05)] > chunks[("2x300:40", 512)]
+    assert "x best" in res.stdout and "temp MiB" in res.stdout
+
+
+def test_bench_backends_refuses_a_bad_shape():
+    from indexer.bench.backends import parse_shape
+
+    assert parse_shape("first@64") == ("first@64", [64], [64])
+    assert parse_shape("16@64") == ("16@64", [64], [16])
+    assert parse_shape("3x64:8") == ("3x64:8", [64, 64, 64], [8, 8, 8])
+    for bad in ("64", "x@64", "65@64", "2x64:0", "0@64"):
+        with pytest.raises(ValueError, match="shape"):
+            parse_shape(bad)
+    res = _run("bench", "backends", "--shapes", "8@4,first@4", "--device", "cpu")
+    assert res.returncode == 2 and "shape '8@4'" in res.stderr

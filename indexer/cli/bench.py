@@ -6,9 +6,9 @@ import argparse
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from ..bench import calibrate, engines, kernels, step, topk, tp
+    from ..bench import backends, calibrate, engines, kernels, step, topk, tp
 
-    p = sub.add_parser("bench", help="benchmarks: kernels | topk | step | engines | tp | calibrate (--calibrate is short "
+    p = sub.add_parser("bench", help="benchmarks: kernels | topk | step | backends | engines | tp | calibrate (--calibrate is short "
                                      "for 'bench calibrate')")
     p.add_argument("--calibrate", action="store_true", help="same as 'bench calibrate' with its defaults")
     what = p.add_subparsers(dest="what")
@@ -17,6 +17,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         ("topk", topk, "top-k implementations side by side on real logits, against the bandwidth floor"),
         ("step", step, "a forward step of L layers: plan once + run per layer, against prefill_topk and plain "
                        "DeepGEMM + torch.topk"),
+        ("backends", backends, "automatic dispatch against every backend forced, per shape and logits budget "
+                               "(time and memory)"),
         ("engines", engines, "an engine adapter (vLLM) against the direct plan/run and prefill_topk calls it makes"),
         ("tp", tp, "replicated vs every strategy on 1..N ranks over a context-length sweep"),
         ("calibrate", calibrate, "measure this device's per-row cost coefficients for the planner"),
@@ -30,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             cal = argparse.ArgumentParser()
             calibrate.add_arguments(cal)
             return calibrate.run(cal.parse_args([]))
-        p.error("choose one of: kernels, topk, step, engines, tp, calibrate (or --calibrate)")
+        p.error("choose one of: kernels, topk, step, backends, engines, tp, calibrate (or --calibrate)")
         return 2
 
     p.set_defaults(func=dispatch)

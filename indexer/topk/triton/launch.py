@@ -251,7 +251,10 @@ def _jit_state(fn) -> tuple | None:
     if getattr(runtime, "add_stages_inspection_hook", None) is not None:
         return None
     for (name, _), (value, scope) in getattr(fn, "used_global_vals", {}).items():
-        if scope.get(name, _MISSING) != value:
+        # identity first: the globals are constexpr objects, and comparing two builds a third
+        # (a few microseconds a launch, for a global that is almost always the same object)
+        current = scope.get(name, _MISSING)
+        if current is not value and current != value:
             return None
     return (runtime.debug, compilation.instrumentation_mode, getattr(compilation, "fpsan_homomorphic_casts", None))
 
