@@ -51,6 +51,16 @@ def _parse_int_at_least_one(text: str) -> int:
     return value
 
 
+def _parse_waves(text: str) -> str | int:
+    low = text.strip().lower()
+    if low == "auto":
+        return low
+    value = int(low)
+    if value < 1:
+        raise ValueError("expected auto or an integer >= 1")
+    return value
+
+
 def _parse_positive_float(text: str) -> float:
     value = float(text.strip())
     if not 0 < value < float("inf"):
@@ -247,6 +257,24 @@ EXCHANGE_BITS = _declare(
         "beyond or with maxreduce; '32' always. The output is int32 either way.",
         per_platform=True,
         argument="exchange_bits",
+    )
+)
+EXCHANGE_WAVES = _declare(
+    Flag(
+        "EXCHANGE_WAVES",
+        _parse_waves,
+        "auto",
+        "Waves of a sharded step's exchange: each rank's rows are computed in this many "
+        "waves and each wave's rows are exchanged while the next wave computes, so only the "
+        "last wave's exchange waits. 'auto': as many waves as the rank with the fewest chunks "
+        "has chunks (waves never add chunks; one chunk each: no overlap); an integer k cuts "
+        "every rank's rows into k waves of about equal rows (chunks within each); 1: one "
+        "exchange after all rows. Only gathering reassemblies (allgatherv, padded) are cut; "
+        "ring and maxreduce exchange once.",
+        per_platform=True,
+        type_name="auto|int",
+        rule="auto or an integer >= 1",
+        argument="exchange_waves",
     )
 )
 COST_MODEL_FILE = _declare(

@@ -25,6 +25,7 @@ from .backends.base import fill_index, plan_chunks, prepare_chunks, run_chunks
 from .collective import (
     RING_STRATEGIES,
     GroupCaps,
+    WAVE_MODES,
     ReassemblyError,
     agreed_cost_model,
     agreed_time_model,
@@ -36,7 +37,9 @@ from .collective import (
     mode_reasons,
     probe_group,
 )
-from .partition import DEFAULT_STRIPE_ROWS, RowPlan, model_gate, plan_candidates
+from .partition import (DEFAULT_STRIPE_ROWS, RowPlan, chunk_cuts, even_cuts, model_gate, plan_candidates, split_rows,
+                        wave_plans)
+from .partition.waves import AUTO_MAX_WAVES
 from .platform import platform_for_device
 from .problem import LayerInputs, Problem, check_bounds, check_inputs, check_out, check_values, make_problem
 
@@ -56,6 +59,8 @@ class StepInfo:
         reassembly: Exchange mode (``None`` when not sharded).
         exchange_bits: Width of the indices the exchange moves, 16 or 32 (``None`` when not
             sharded).
+        waves: Waves the exchange goes in: each wave's rows are exchanged while the next
+            computes (``None`` when not sharded; 1: one exchange after every row).
         reason: Why the step is or is not sharded.
         gate: Which rule decided whether to shard: the calibrated times (with the two
             predicted step times) or the row count (and why not the times).
@@ -64,7 +69,8 @@ class StepInfo:
         compressed_chunks: How many of them are compressed (a chunk spanning requests).
         compute_ms: Time to compute this rank's rows (only with ``timing=True``).
         wait_ms: Time this rank then waited for the slowest rank (only with ``timing=True``).
-        exchange_ms: Time of the reassembly alone (only with ``timing=True``).
+        exchange_ms: Time of the reassembly alone, what is left of it after the last wave
+            computed (all of it with one wave; only with ``timing=True``).
     """
 
     backend: str
@@ -74,6 +80,7 @@ class StepInfo:
     plan: RowPlan | None = None
     reassembly: str | None = None
     exchange_bits: int | None = None
+    waves: int | None = None
     reason: str = ""
     gate: str = ""
     notes: tuple[str, ...] = ()
@@ -103,6 +110,7 @@ def plan(
     min_rows_per_rank: int | None = None,
     check_values: str | None = None,
     exchange_bits: str | None = None,
+    exchange_waves: str | int | None = None,
 ) -> "StepPlan":
     """Plan one forward step's indexer top-k; run it every layer with :meth:`StepPlan.run`.
 
@@ -136,6 +144,10 @@ def plan(
         exchange_bits: ``auto|16|32``: width of the indices the ranks exchange; ``auto``
             takes 16 where every window has at most 32768 keys and the reassembly gathers,
             ``16`` up to 65535 keys (default ``INDEXER_EXCHANGE_BITS``).
+        exchange_waves: ``auto`` or an int >= 1: a sharded step's rows go in this many
+            waves, each wave's rows exchanged while the next computes; ``auto`` takes as many
+            as the rank with the fewest chunks has chunks, 1 exchanges once after every row
+            (default ``INDEXER_EXCHANGE_WAVES``; only allgatherv and padded go in waves).
 
     The plan's logits workspace and top-k scratch are the device's, shared with the other
     plans made while the same CUDA stream was current: runs of those plans must not overlap
@@ -155,7 +167,7 @@ def plan(
                            fp8_dtype=fp8_dtype, device=device)
     return StepPlan(problem, group=group, backend=backend, strategy=strategy, reassembly=reassembly,
                     max_logits_mb=max_logits_mb, tp_shard=tp_shard, min_rows_per_rank=min_rows_per_rank,
-                    check_values=check_values, exchange_bits=exchange_bits)
+                    check_values=check_values, exchange_bits=exchange_bits, exchange_waves=exchange_waves)
 
 
 class StepPlan:
@@ -171,7 +183,8 @@ class StepPlan:
     def __init__(self, problem: Problem, *, group: object | None = None, backend: str | None = None,
                  strategy: str | None = None, reassembly: str | None = None, max_logits_mb: float | None = None,
                  tp_shard: bool | None = None, min_rows_per_rank: int | None = None,
-                 check_values: str | None = None, exchange_bits: str | None = None):
+                 check_values: str | None = None, exchange_bits: str | None = None,
+                 exchange_waves: str | int | None = None):
         envs.check_environment()  # every INDEXER_* variable, before anything runs (cached)
         self.problem = problem
         platform = platform_for_device(problem.device)
@@ -185,6 +198,7 @@ class StepPlan:
         min_rows = min_rows_set.value
         stripe = envs.value("TP_SHARD_STRIPE_ROWS", key)
         bits_req = envs.value("EXCHANGE_BITS", key, exchange_bits)
+        waves_req = envs.value("EXCHANGE_WAVES", key, exchange_waves)
         self.check = envs.value("CHECK_VALUES", key, check_values)
         consistency = envs.value("CHECK_CONSISTENCY", key)
 
@@ -202,12 +216,12 @@ class StepPlan:
             # before anything that only sharding ranks do, so disagreeing ranks raise, not hang
             digest = fingerprint(
                 problem.shape_key(), str(problem.fp8_dtype), chosen.name, shard, by_model, strategy_req,
-                reassembly_req, stripe, bits_req, tensors=(problem.starts_host, problem.ends_host),
+                reassembly_req, stripe, bits_req, waves_req, budget, tensors=(problem.starts_host, problem.ends_host),
             )
             check_consistency(
                 digest, group, problem.device,
                 "(M, N, H, D, topk, dtype, backend, row bounds, whether to shard, the gate's rule, strategy, "
-                "reassembly, stripe rows, exchange bits)",
+                "reassembly, stripe rows, exchange bits, exchange waves, logits budget)",
             )
         row_plan = None
         times, no_times = None, ""
@@ -246,11 +260,19 @@ class StepPlan:
                 raise refused
             else:
                 info.sharded, info.plan, info.reassembly = True, row_plan, mode
-                info.reason = f"sharded: {row_plan.describe()}, reassembly {mode} ({info.exchange_bits}-bit indices)"
-                if times is not None:
-                    info.reason += f"; {info.gate}"
+                info.reason = f"sharded: {row_plan.describe()}, reassembly {mode} ({info.exchange_bits}-bit indices"
         ranges = row_plan.rank_rows(rank) if row_plan is not None else [(0, m)]
         self.chunks = plan_chunks(chosen, problem, ranges, budget)
+        # self.chunks[self.wave_ends[w - 1]:self.wave_ends[w]] compute wave w
+        self.wave_ends = [len(self.chunks)]
+        waves = None
+        if info.sharded:
+            waves, self.chunks, self.wave_ends = _plan_waves(chosen, problem, row_plan, rank, self.chunks, budget,
+                                                              waves_req, info.reassembly)
+            info.waves = len(self.wave_ends)
+            info.reason += f", {info.waves} wave(s))"
+            if times is not None:
+                info.reason += f"; {info.gate}"
         self.workspace, self.scratch = prepare_chunks(chosen, problem, self.chunks, budget)
         info.chunks = len(self.chunks)
         info.compressed_chunks = sum(c.compressed for c in self.chunks)
@@ -261,7 +283,7 @@ class StepPlan:
         self.contiguous = row_plan is not None or not chosen.strided_out
         if row_plan is not None:
             self.exchange = make_exchange(row_plan, rank, group, info.reassembly, problem.topk, problem.device,
-                                          info.exchange_bits, widest)
+                                          info.exchange_bits, widest, waves)
         self.backend, self.info, self.group = chosen, info, group
         log.debug("indexer plan M=%d N=%d: %s", m, problem.num_keys, self)
 
@@ -305,14 +327,19 @@ class StepPlan:
             table = self.result
         if ex is not None:
             ex.before(table)
-        run_chunks(self.backend, problem, inputs, self.chunks, table)
+        begin = 0
+        for w, end in enumerate(self.wave_ends):
+            run_chunks(self.backend, problem, inputs, self.chunks[begin:end], table)
+            if ex is not None:
+                ex.start(table, w)  # async: the next wave computes meanwhile
+            begin = end
         if clock is not None:
             self.info.compute_ms = clock.lap()
         if ex is not None:
-            if clock is not None:  # so exchange_ms is the exchange alone, not the wait for slower ranks
+            if clock is not None:  # so exchange_ms is the exchange left to wait for, not the slower ranks
                 dist.barrier(group=self.group)
                 self.info.wait_ms = clock.lap()
-            ex(table)
+            ex.finish(table)
             if clock is not None:
                 self.info.exchange_ms = clock.lap()
         if table is not out:
@@ -382,6 +409,41 @@ class StepPlan:
         return ", ".join(parts)
 
     __repr__ = __str__
+
+
+def _plan_waves(backend, problem: Problem, row_plan: RowPlan, rank: int, chunks: list, budget: int,
+                requested: str | int, mode: str) -> tuple[list[RowPlan] | None, list, list[int]]:
+    """The waves of a sharded step: ``(wave plans or None for one wave, this rank's chunks,
+    the index in them where each wave's chunks end)``.
+
+    Every rank computes every rank's waves from the same plan and settings. ``auto``: as many
+    waves as the rank with the fewest chunks has chunks, at most
+    :data:`~indexer.partition.waves.AUTO_MAX_WAVES`, each rank's chunks grouped evenly into
+    them, so waves never add chunks. An int ``k``: every rank's rows cut into ``k`` waves of
+    about equal rows, at most as many as the rank with the fewest rows has rows, chunked
+    within each wave.
+    """
+    world, one = row_plan.world_size, (None, chunks, [len(chunks)])
+    if mode not in WAVE_MODES or requested == 1:
+        return one
+    pieces = [row_plan.rank_rows(r) for r in range(world)]
+    if requested == "auto":
+        per_rank = [chunks if r == rank else plan_chunks(backend, problem, pieces[r], budget) for r in range(world)]
+        waves = min(AUTO_MAX_WAVES, *(len(c) for c in per_rank))
+        if waves <= 1:
+            return one
+        groups = [split_rows(pieces[r], chunk_cuts([c.rows for c in per_rank[r]], waves)) for r in range(world)]
+        ends = [(w + 1) * len(chunks) // waves for w in range(waves)]
+    else:
+        waves = min(int(requested), *row_plan.rows_per_rank)
+        if waves <= 1:
+            return one
+        groups = [split_rows(pieces[r], even_cuts(row_plan.rows_per_rank[r], waves)) for r in range(world)]
+        chunks, ends = [], []
+        for group in groups[rank]:
+            chunks += plan_chunks(backend, problem, group, budget)
+            ends.append(len(chunks))
+    return wave_plans(row_plan, groups), chunks, ends
 
 
 def choose_plan(

@@ -92,6 +92,9 @@ def _equal_slices_in_rank_order(plan: RowPlan) -> bool:
 
 GATHER_MODES = ("allgatherv", "ring", "padded")
 """Modes that move rows without combining them: they can move 16-bit indices."""
+WAVE_MODES = ("allgatherv", "padded")
+"""Modes that can exchange any subset of rows, so a step's rows can go in waves (``ring``
+follows its strategy's whole-table layout; ``maxreduce`` reduces the whole table)."""
 NARROW_MAX_WINDOW = 65535
 """Widest row window whose indices (at most 65534) and -1 padding fit 16 bits."""
 NARROW_AUTO_WINDOW = 32768
@@ -155,7 +158,10 @@ class Exchange:
         self.send = self.recv = None
         self.slots: dict[int, torch.Tensor] = {}
         self.mine = mine
-        if plan.num_rows == 0 or self.equal:
+        self._pending: list[_Pending] = []
+        # a wave of a step (partition.waves) may hold no rows at all: nothing to exchange
+        self.idle = sum(rows) == 0
+        if self.idle or self.equal:
             return
         if mode == "allgatherv":
             # ranks of several pieces gather through a packed slot (their own: packed first)
@@ -171,45 +177,74 @@ class Exchange:
         if self.mode == "maxreduce" and self.plan.num_rows and not self.equal:
             out.fill_(-1)
 
+    num_waves = 1
+
     def __call__(self, out: torch.Tensor) -> None:
         """Fill ``out`` (contiguous ``[M, W]``, this rank's rows already in place) with
         every other rank's rows."""
-        plan, group = self.plan, self.group
-        if plan.num_rows == 0:
+        self.start(out)
+        self.finish(out)
+
+    def start(self, out: torch.Tensor, wave: int = 0) -> None:
+        """Issue the exchange of ``out`` (this rank's rows of it in place) without waiting:
+        the collectives run as async work (on NCCL, ordered after the work already queued on
+        the current stream), so the caller can queue more work before :meth:`finish`.
+        ``wave`` must be 0 (one wave)."""
+        if wave != 0:
+            raise ValueError(f"this exchange has one wave, got wave {wave}")
+        if self.idle:
             return
         if self.equal:
-            per = plan.num_rows // plan.world_size
-            _all_gather_single(out, out[self.rank * per : (self.rank + 1) * per], group=group)
+            per = self.plan.num_rows // self.plan.world_size
+            work = _all_gather_single(out, out[self.rank * per : (self.rank + 1) * per], group=self.group,
+                                      async_op=True)
+            self._pending.append(_Pending([work]))
         elif self.mode == "allgatherv":
-            self._allgatherv(out)
+            self._pending.append(self._allgatherv(out))
         elif self.mode == "ring":
-            self._ring(out)
+            self._pending.append(self._ring(out))
         elif self.mode == "padded":
-            self._padded(out)
+            self._pending.append(self._padded(out))
         else:
-            dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
+            self._pending.append(_Pending([dist.all_reduce(out, op=dist.ReduceOp.MAX, group=self.group,
+                                                           async_op=True)]))
 
-    def _allgatherv(self, out: torch.Tensor) -> None:
+    def finish(self, out: torch.Tensor) -> None:
+        """Wait for what :meth:`start` issued (on NCCL: the current stream waits, the host
+        does not) and place rows that arrived packed."""
+        pending, self._pending = self._pending, []
+        for p in pending:
+            p.wait()
+
+    def _allgatherv(self, out: torch.Tensor) -> "_Pending":
         plan = self.plan
         slots = [self.slots.get(r, out[p[0][0] : p[0][1]] if p else out[:0]) for r, p in enumerate(plan.pieces)]
         local = slots[self.rank]
         if self.rank in self.slots:
             _gather_pieces(out, self.mine, local)
-        dist.all_gather(slots, local, group=self.group)
-        for r, buf in self.slots.items():
-            if r != self.rank:
-                _scatter(buf, plan.pieces[r], out)
+        work = dist.all_gather(slots, local, group=self.group, async_op=True)
 
-    def _padded(self, out: torch.Tensor) -> None:
+        def place() -> None:
+            for r, buf in self.slots.items():
+                if r != self.rank:
+                    _scatter(buf, plan.pieces[r], out)
+
+        return _Pending([work], place)
+
+    def _padded(self, out: torch.Tensor) -> "_Pending":
         plan, world = self.plan, self.plan.world_size
         most = self.send.shape[0]
         _gather_pieces(out, self.mine, self.send)
-        _all_gather_single(self.recv, self.send, group=self.group)
-        for r in range(world):
-            if r != self.rank:
-                _scatter(self.recv[r * most :], plan.pieces[r], out)
+        work = _all_gather_single(self.recv, self.send, group=self.group, async_op=True)
 
-    def _ring(self, out: torch.Tensor) -> None:
+        def place() -> None:
+            for r in range(world):
+                if r != self.rank:
+                    _scatter(self.recv[r * most :], plan.pieces[r], out)
+
+        return _Pending([work], place)
+
+    def _ring(self, out: torch.Tensor) -> "_Pending":
         plan, rank, world, m, group = self.plan, self.rank, self.plan.world_size, self.plan.num_rows, self.group
         if plan.strategy == "remainder0":
             base, rem = divmod(m, world)
@@ -229,7 +264,55 @@ class Exchange:
             works.append(_all_gather_single(dst, src_rows, group=group, async_op=True))
         for src, (a, b) in extras:
             works.append(dist.broadcast(out[a:b], src=_global(group, src), group=group, async_op=True))
-        _wait(works)
+        return _Pending(works)
+
+
+class _Pending:
+    """Async collectives of one exchange and what to do once they are done."""
+
+    __slots__ = ("works", "then")
+
+    def __init__(self, works: Sequence[object], then=None):
+        self.works, self.then = works, then
+
+    def wait(self) -> None:
+        _wait(self.works)
+        if self.then is not None:
+            self.then()
+
+
+class WaveExchange:
+    """A step's exchange in waves: one :class:`Exchange` per wave (``waves``: one row plan
+    each, :func:`indexer.partition.waves.wave_plans`). ``start(out, w)`` issues wave ``w``'s
+    collectives once its rows are computed; ``finish(out)`` waits for them all.
+
+    Args:
+        As :class:`Exchange`'s, with
+        waves: The wave plans (their pieces together are ``plan``'s).
+    """
+
+    def __init__(self, plan: RowPlan, rank: int, group: object, mode: str, width: int, dtype: torch.dtype,
+                 device: torch.device, waves: Sequence[RowPlan]):
+        if mode not in WAVE_MODES:
+            raise ReassemblyError(f"an exchange in waves needs one of {'|'.join(WAVE_MODES)}, not {mode!r}")
+        self.plan, self.rank, self.mode = plan, rank, mode
+        self.parts = [Exchange(w, rank, group, mode, width, dtype, device) for w in waves]
+        self.num_waves = len(self.parts)
+
+    def before(self, out: torch.Tensor) -> None:
+        """Nothing: gathers need no prefill."""
+
+    def start(self, out: torch.Tensor, wave: int) -> None:
+        self.parts[wave].start(out)
+
+    def finish(self, out: torch.Tensor) -> None:
+        for part in self.parts:
+            part.finish(out)
+
+    def __call__(self, out: torch.Tensor) -> None:
+        for w in range(self.num_waves):
+            self.start(out, w)
+        self.finish(out)
 
 
 class NarrowExchange:
@@ -250,10 +333,14 @@ class NarrowExchange:
     """
 
     def __init__(self, plan: RowPlan, rank: int, group: object, mode: str, width: int, device: torch.device,
-                 max_window: int = NARROW_MAX_WINDOW):
+                 max_window: int = NARROW_MAX_WINDOW, waves: Sequence[RowPlan] | None = None):
         if mode not in GATHER_MODES:
             raise ReassemblyError(f"16-bit exchange needs one of {'|'.join(GATHER_MODES)}, not {mode!r}")
-        self.inner = Exchange(plan, rank, group, mode, width, torch.float16, device)
+        if waves is not None and len(waves) > 1 and mode not in WAVE_MODES:
+            raise ReassemblyError(f"an exchange in waves needs one of {'|'.join(WAVE_MODES)}, not {mode!r}")
+        self.waves = tuple(waves) if waves else (plan,)
+        self.inners = [Exchange(w, rank, group, mode, width, torch.float16, device) for w in self.waves]
+        self.num_waves = len(self.inners)
         self.plan, self.rank, self.mode = plan, rank, mode
         self.table = torch.empty(plan.num_rows, width, dtype=torch.int16, device=device)
         self.mask = None
@@ -268,11 +355,23 @@ class NarrowExchange:
     def __call__(self, out: torch.Tensor) -> None:
         """Fill ``out`` (contiguous int32 ``[M, W]``, this rank's rows in place) with every
         other rank's rows."""
+        for w in range(self.num_waves):
+            self.start(out, w)
+        self.finish(out)
+
+    def start(self, out: torch.Tensor, wave: int = 0) -> None:
+        """Narrow this rank's rows of wave ``wave`` and issue their exchange (async)."""
+        for a, b in self.waves[wave].pieces[self.rank]:
+            self.table[a:b].copy_(out[a:b])  # int32 -> int16 keeps the low 16 bits
+        self.inners[wave].start(self.table.view(torch.float16))
+
+    def finish(self, out: torch.Tensor) -> None:
+        """Wait for every wave, then widen the table into ``out``."""
+        view = self.table.view(torch.float16)
+        for inner in self.inners:
+            inner.finish(view)
         if self.plan.num_rows == 0:
             return
-        for a, b in self.plan.pieces[self.rank]:
-            self.table[a:b].copy_(out[a:b])  # int32 -> int16 keeps the low 16 bits
-        self.inner(self.table.view(torch.float16))
         out.copy_(self.table)  # sign-extends: -1 and 0..32767 arrive as they left
         if self.mask is not None:
             out.bitwise_and_(0xFFFF)  # i >= 32768 arrived as i - 65536, -1 as -1
@@ -281,11 +380,18 @@ class NarrowExchange:
 
 
 def make_exchange(plan: RowPlan, rank: int, group: object, mode: str, width: int, device: torch.device,
-                  bits: int = 32, max_window: int = NARROW_MAX_WINDOW) -> "Exchange | NarrowExchange":
+                  bits: int = 32, max_window: int = NARROW_MAX_WINDOW,
+                  waves: Sequence[RowPlan] | None = None) -> "Exchange | WaveExchange | NarrowExchange":
     """The exchange of an int32 ``[M, width]`` table, moving ``bits``-wide indices
-    (``max_window``: the plan's widest row window, for 16 bits)."""
+    (``max_window``: the plan's widest row window, for 16 bits), in ``waves`` (the wave
+    plans, :func:`indexer.partition.waves.wave_plans`; ``None`` or one: a single exchange).
+
+    Every one has ``num_waves`` and ``before(out)``, ``start(out, wave)``, ``finish(out)``
+    and ``__call__(out)`` (every wave, then finish)."""
     if bits == 16:
-        return NarrowExchange(plan, rank, group, mode, width, device, max_window)
+        return NarrowExchange(plan, rank, group, mode, width, device, max_window, waves)
+    if waves is not None and len(waves) > 1:
+        return WaveExchange(plan, rank, group, mode, width, torch.int32, device, waves)
     return Exchange(plan, rank, group, mode, width, torch.int32, device)
 
 
