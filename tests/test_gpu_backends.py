@@ -94,6 +94,8 @@ def test_auto_dispatch_picks_deepgemm_on_hopper():
 
 
 def _nccl_rank(rank, world, name, heads):
+    import os
+
     import torch.distributed as dist
 
     inp = make_inputs([5000, 1200], [2000, 1200], heads=heads, head_dim=128, device=f"cuda:{rank}", seed=7)
@@ -107,6 +109,18 @@ def _nccl_rank(rank, world, name, heads):
                 *inp.args(), 512, group=dist.group.WORLD, backend=name, strategy=strategy, reassembly=mode, min_rows_per_rank=0
             )
             out[(strategy, mode)] = (bool((res.sort(1).values == ref.sort(1).values).all()), info.reassembly, res.cpu())
+    for strategy in ("balanced", "fold", "striped"):
+        for mode in ("allgatherv", "padded"):
+            # in waves: forced, and from a budget that gives every rank several chunks
+            for waves, budget in (("3", None), ("auto", 4)):
+                os.environ["INDEXER_EXCHANGE_WAVES"] = waves  # (the plan cache keys on INDEXER_*)
+                res, info = indexer.prefill_topk_with_info(
+                    *inp.args(), 512, group=dist.group.WORLD, backend=name, strategy=strategy, reassembly=mode,
+                    min_rows_per_rank=0, max_logits_mb=budget)
+                del os.environ["INDEXER_EXCHANGE_WAVES"]
+                assert info.waves > 1, (strategy, mode, waves, info.reason)
+                out[(strategy, mode, waves)] = (bool((res.sort(1).values == ref.sort(1).values).all()),
+                                                info.reassembly, res.cpu())
     return out
 
 

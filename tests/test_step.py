@@ -497,27 +497,34 @@ def _graph_rank(rank, world):
     inp = make_inputs([20000, 4000], [6000, 4000], heads=64, head_dim=128, device=f"cuda:{rank}", seed=3)
     n = inp.k.shape[0]
     ref = indexer.prefill_topk(*inp.args(), 2048)
-    plan = indexer.plan(inp.row_starts.cpu(), inp.row_ends.cpu(), num_keys=n, heads=64, head_dim=128, topk=2048,
-                        device=f"cuda:{rank}", group=dist.group.WORLD, min_rows_per_rank=0)
-    out = torch.empty(inp.q.shape[0], 2048, dtype=torch.int32, device=f"cuda:{rank}")
-    layer = (inp.q, inp.k, inp.k_scale, inp.weights)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        plan.run(*layer, out=out)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        plan.run(*layer, out=out)
-    out.fill_(-5)
-    g.replay()
-    torch.cuda.synchronize()
-    return bool(torch.equal(out.sort(1).values, ref.sort(1).values)), plan.info.sharded, plan.info.reassembly
+    results = []
+    # one exchange; waves from a budget that gives every rank several chunks; 3 forced waves
+    for kw in (dict(exchange_waves=1), dict(max_logits_mb=256, exchange_waves="auto"), dict(exchange_waves=3)):
+        plan = indexer.plan(inp.row_starts.cpu(), inp.row_ends.cpu(), num_keys=n, heads=64, head_dim=128, topk=2048,
+                            device=f"cuda:{rank}", group=dist.group.WORLD, min_rows_per_rank=0, **kw)
+        out = torch.empty(inp.q.shape[0], 2048, dtype=torch.int32, device=f"cuda:{rank}")
+        layer = (inp.q, inp.k, inp.k_scale, inp.weights)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            plan.run(*layer, out=out)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            plan.run(*layer, out=out)
+        out.fill_(-5)
+        g.replay()
+        torch.cuda.synchronize()
+        results.append((bool(torch.equal(out.sort(1).values, ref.sort(1).values)), plan.info.sharded,
+                        plan.info.reassembly, plan.info.waves))
+    return results
 
 
 @pytest.mark.cuda
 @pytest.mark.multi_gpu
 def test_gpu_sharded_graph_replay_equals_replicated():
     world = min(torch.cuda.device_count(), 4)
-    for same, sharded, mode in run_ranks(_graph_rank, world, backend="nccl", timeout=600):
-        assert sharded and same, mode
+    for results in run_ranks(_graph_rank, world, backend="nccl", timeout=600):
+        for same, sharded, mode, waves in results:
+            assert sharded and same, (mode, waves)
+        assert [waves for *_, waves in results][0] == 1 and results[1][3] > 1 and results[2][3] == 3, results

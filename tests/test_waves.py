@@ -174,3 +174,31 @@ def test_sharded_in_waves_equals_replicated(tp):
     # waves ran with both widths of the exchange and both ways of asking for them
     assert {("fits", "padded", 16, "auto"), ("fits", "padded", 32, 3), ("short", "padded", 16, "auto")} <= in_waves, \
         in_waves
+
+
+def _cuda_waves_rank(rank, world):
+    # two gloo ranks sharing one GPU (NCCL wants a GPU a rank): each wave's exchange of CUDA
+    # tensors is issued while the next wave's kernels are queued
+    import torch.distributed as dist
+
+    inp = make_inputs([20000, 4000], [6000, 4000], heads=64, head_dim=128, device="cuda:0", seed=3)
+    bounds = (inp.row_starts.cpu(), inp.row_ends.cpu())
+    layer = (inp.q, inp.k, inp.k_scale, inp.weights)
+    ref = indexer.plan(*bounds, num_keys=inp.k.shape[0], heads=64, head_dim=128, topk=2048, device="cuda:0").run(*layer)
+    results = []
+    for kw in (dict(exchange_waves="auto", max_logits_mb=64), dict(exchange_waves=3, exchange_bits="32")):
+        step = indexer.plan(*bounds, num_keys=inp.k.shape[0], heads=64, head_dim=128, topk=2048, device="cuda:0",
+                            group=dist.group.WORLD, min_rows_per_rank=0, reassembly="padded", **kw)
+        out = torch.full((inp.q.shape[0], 2048), -5, dtype=torch.int32, device="cuda:0")
+        step.run(*layer, out=out)
+        torch.cuda.synchronize()
+        results.append((step.info.waves, bool(torch.equal(out.sort(1).values, ref.sort(1).values))))
+    return results
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_waves_with_cuda_tensors_over_gloo():
+    for results in run_ranks(_cuda_waves_rank, 2, timeout=600):
+        (auto, auto_same), (forced, forced_same) = results
+        assert auto > 1 and forced == 3 and auto_same and forced_same, results
