@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from . import envs
 from .backends import select_backend
-from .backends.base import fill_index, plan_chunks, prepare_chunks, run_chunks
+from .backends.base import chunk_bounds, fill_index, plan_chunks, prepare_chunks, run_chunks
 from .collective import (
     RING_STRATEGIES,
     GroupCaps,
@@ -428,11 +428,13 @@ def _plan_waves(backend, problem: Problem, row_plan: RowPlan, rank: int, chunks:
         return one
     pieces = [row_plan.rank_rows(r) for r in range(world)]
     if requested == "auto":
-        per_rank = [chunks if r == rank else plan_chunks(backend, problem, pieces[r], budget) for r in range(world)]
+        # every rank's chunk rows (host work only; this rank's from its own chunks)
+        per_rank = [[c.rows for c in chunks] if r == rank else
+                    [rows for rows, _, _ in chunk_bounds(backend, problem, pieces[r], budget)] for r in range(world)]
         waves = min(AUTO_MAX_WAVES, *(len(c) for c in per_rank))
         if waves <= 1:
             return one
-        groups = [split_rows(pieces[r], chunk_cuts([c.rows for c in per_rank[r]], waves)) for r in range(world)]
+        groups = [split_rows(pieces[r], chunk_cuts(per_rank[r], waves)) for r in range(world)]
         ends = [(w + 1) * len(chunks) // waves for w in range(waves)]
     else:
         waves = min(int(requested), *row_plan.rows_per_rank)

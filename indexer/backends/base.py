@@ -232,15 +232,18 @@ def chunk_end(backend: Backend, problem: Problem, start: int, stop: int, budget:
     return end, int(lo[take - 1]), int(hi[take - 1])
 
 
-def plan_chunks(backend: Backend, problem: Problem, ranges: Sequence[tuple[int, int]], budget_bytes: int) -> list[Chunk]:
-    """The chunks of the given global row ranges, in order, with their index tensors.
+def chunk_bounds(backend: Backend, problem: Problem, ranges: Sequence[tuple[int, int]],
+                 budget_bytes: int) -> list[tuple[tuple[int, int], tuple[int, int], bool]]:
+    """Where :func:`plan_chunks` cuts the given global row ranges, host work only: per chunk
+    ``(rows, key columns, compressed)``, in order (for other ranks' chunks, whose index
+    tensors this rank never needs).
 
     Where the backend writes compressed blocks, a chunk is compressed only where that buys
     more rows than a full-width one (it spans requests, or windows that overlap only in
     part); on one request full-width (faster in DeepGEMM's kernel) is kept.
     """
     compressed_ok = problem.num_rows > 0 and backend.compressed_logits(problem)
-    chunks = []
+    bounds = []
     # the first scan covers up to 16384 rows at once: a scan's cost is its few dozen tensor
     # ops, not their length, so a step of a few thousand rows is planned in one scan
     hint = 16384
@@ -258,9 +261,16 @@ def plan_chunks(backend: Backend, problem: Problem, ranges: Sequence[tuple[int, 
                 if end_c > end:
                     end, lo, hi, compressed = end_c, lo_c, hi_c, True
             hint = max(1024, 2 * (end - start))
-            chunks.append(new_chunk(problem, (start, end), (lo, hi), compressed))
+            bounds.append(((start, end), (lo, hi), compressed))
             start = end
-    return chunks
+    return bounds
+
+
+def plan_chunks(backend: Backend, problem: Problem, ranges: Sequence[tuple[int, int]], budget_bytes: int) -> list[Chunk]:
+    """The chunks of the given global row ranges, in order (:func:`chunk_bounds`), with their
+    index tensors."""
+    return [new_chunk(problem, rows, cols, compressed)
+            for rows, cols, compressed in chunk_bounds(backend, problem, ranges, budget_bytes)]
 
 
 def prepare_chunks(backend: Backend, problem: Problem, chunks: Sequence[Chunk],
