@@ -261,18 +261,18 @@ class StepPlan:
             else:
                 info.sharded, info.plan, info.reassembly = True, row_plan, mode
                 info.reason = f"sharded: {row_plan.describe()}, reassembly {mode} ({info.exchange_bits}-bit indices"
-        ranges = row_plan.rank_rows(rank) if row_plan is not None else [(0, m)]
-        self.chunks = plan_chunks(chosen, problem, ranges, budget)
         # self.chunks[self.wave_ends[w - 1]:self.wave_ends[w]] compute wave w
-        self.wave_ends = [len(self.chunks)]
         waves = None
         if info.sharded:
-            waves, self.chunks, self.wave_ends = _plan_waves(chosen, problem, row_plan, rank, self.chunks, budget,
-                                                              waves_req, info.reassembly)
+            waves, self.chunks, self.wave_ends = _plan_waves(chosen, problem, row_plan, rank, budget, waves_req,
+                                                              info.reassembly)
             info.waves = len(self.wave_ends)
             info.reason += f", {info.waves} wave(s))"
             if times is not None:
                 info.reason += f"; {info.gate}"
+        else:
+            self.chunks = plan_chunks(chosen, problem, [(0, m)], budget)
+            self.wave_ends = [len(self.chunks)]
         self.workspace, self.scratch = prepare_chunks(chosen, problem, self.chunks, budget)
         info.chunks = len(self.chunks)
         info.compressed_chunks = sum(c.compressed for c in self.chunks)
@@ -411,8 +411,8 @@ class StepPlan:
     __repr__ = __str__
 
 
-def _plan_waves(backend, problem: Problem, row_plan: RowPlan, rank: int, chunks: list, budget: int,
-                requested: str | int, mode: str) -> tuple[list[RowPlan] | None, list, list[int]]:
+def _plan_waves(backend, problem: Problem, row_plan: RowPlan, rank: int, budget: int, requested: str | int,
+                mode: str) -> tuple[list[RowPlan] | None, list, list[int]]:
     """The waves of a sharded step: ``(wave plans or None for one wave, this rank's chunks,
     the index in them where each wave's chunks end)``.
 
@@ -423,23 +423,28 @@ def _plan_waves(backend, problem: Problem, row_plan: RowPlan, rank: int, chunks:
     about equal rows, at most as many as the rank with the fewest rows has rows, chunked
     within each wave.
     """
-    world, one = row_plan.world_size, (None, chunks, [len(chunks)])
+    world, pieces = row_plan.world_size, [row_plan.rank_rows(r) for r in range(row_plan.world_size)]
+
+    def one() -> tuple[None, list, list[int]]:
+        chunks = plan_chunks(backend, problem, pieces[rank], budget)
+        return None, chunks, [len(chunks)]
+
     if mode not in WAVE_MODES or requested == 1:
-        return one
-    pieces = [row_plan.rank_rows(r) for r in range(world)]
+        return one()
     if requested == "auto":
+        chunks = plan_chunks(backend, problem, pieces[rank], budget)
         # every rank's chunk rows (host work only; this rank's from its own chunks)
         per_rank = [[c.rows for c in chunks] if r == rank else
                     [rows for rows, _, _ in chunk_bounds(backend, problem, pieces[r], budget)] for r in range(world)]
         waves = min(AUTO_MAX_WAVES, *(len(c) for c in per_rank))
         if waves <= 1:
-            return one
+            return None, chunks, [len(chunks)]
         groups = [split_rows(pieces[r], chunk_cuts(per_rank[r], waves)) for r in range(world)]
         ends = [(w + 1) * len(chunks) // waves for w in range(waves)]
     else:
         waves = min(int(requested), *row_plan.rows_per_rank)
         if waves <= 1:
-            return one
+            return one()
         groups = [split_rows(pieces[r], even_cuts(row_plan.rows_per_rank[r], waves)) for r in range(world)]
         chunks, ends = [], []
         for group in groups[rank]:
