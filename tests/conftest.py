@@ -55,6 +55,19 @@ def assert_matches_naive(out, inp, topk, tol=1e-6):
             assert abs(float(logit[x]) - kth) <= tol * scale, f"row {m}: key {x} is not a near-tie of the k-th value"
 
 
+def replicated_tables(cases: dict, topk: int, heads: int = 2, head_dim: int = 16) -> dict:
+    """Per case ``name: (seq_lens, query_lens)``, the replicated table of
+    ``make_inputs(seq_lens, query_lens, heads, head_dim, seed=len(name))``, rows sorted (to
+    compare sets)."""
+    import indexer
+
+    want = {}
+    for case, (seq, q) in cases.items():
+        inp = make_inputs(seq, q, heads=heads, head_dim=head_dim, seed=len(case))
+        want[case] = indexer.prefill_topk(*inp.args(), topk).sort(1).values
+    return want
+
+
 def sets_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Row-wise set equality of two index tables (order inside a row ignored)."""
     return a.shape == b.shape and bool((a.sort(dim=1).values == b.sort(dim=1).values).all())

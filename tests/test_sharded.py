@@ -11,6 +11,8 @@ import indexer
 from indexer.launch import RankFailed, run_ranks
 from indexer.synthetic import make_inputs
 
+from conftest import replicated_tables
+
 STRATEGIES = ("contiguous", "remainder0", "fold", "balanced", "striped", "auto")
 MODES = ("ring", "padded", "maxreduce", "auto")
 TOPK = 8
@@ -306,10 +308,7 @@ def test_16_bit_exchange_equals_replicated_at_every_tp(tp):
     # the plan narrows the exchange exactly where every window fits 16 bits and the mode
     # gathers; every rank's table is the replicated one either way
     per_rank = run_ranks(_bits_rank, tp, timeout=900)
-    want = {}
-    for case, (seq, q) in _NARROW.items():
-        inp = make_inputs(seq, q, heads=2, head_dim=16, seed=len(case))
-        want[case] = indexer.prefill_topk(*inp.args(), TOPK).sort(1).values
+    want = replicated_tables(_NARROW, TOPK)
     narrow = 0
     for key, got in per_rank[0].items():
         case, strategy, mode, bits = key

@@ -10,6 +10,8 @@ from indexer.launch import run_ranks
 from indexer.partition import RowPlan, chunk_cuts, even_cuts, plan_rows, split_rows, wave_plans
 from indexer.synthetic import make_inputs
 
+from conftest import replicated_tables
+
 TOPK = 16
 
 
@@ -150,10 +152,7 @@ def _waves_rank(rank, world):
 @pytest.mark.parametrize("tp", [2, 3, 4, 8])
 def test_sharded_in_waves_equals_replicated(tp):
     per_rank = run_ranks(_waves_rank, tp, timeout=900)
-    want = {}
-    for case, (seq, q) in _CASES.items():
-        inp = make_inputs(seq, q, heads=2, head_dim=16, seed=len(case))
-        want[case] = indexer.prefill_topk(*inp.args(), TOPK).sort(1).values
+    want = replicated_tables(_CASES, TOPK)
     in_waves = set()
     for key, (out, rerun, waves, mode, bits, chunks, text, fewest_rows) in per_rank[0].items():
         case, strategy, _, asked, _ = key
