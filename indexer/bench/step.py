@@ -21,6 +21,7 @@ Per way and configuration:
   captured: not ``prefill_topk``, which syncs).
 - ``sync ms``: one indexer call alone, synchronized around it.
 - ``plan ms``: the plan's own time (once a step).
+- ``waves`` (with ``--tp``): the waves the plan's exchange goes in (``INDEXER_EXCHANGE_WAVES``).
 
 With ``--tp N`` the ranks run in processes of their own (NCCL on GPUs, gloo on CPU), each
 planning the same step with the group; every rank's numbers are kept (``--json``).
@@ -209,6 +210,7 @@ def _rank_main(rank: int, world: int, cfg: dict) -> list[dict]:
             records.append(dict(
                 config=c["name"], way=way, rank=rank, world=world, M=m, N=n, layers=layers,
                 backend=step.info.backend, chunks=step.info.chunks, compressed=step.info.compressed_chunks,
+                waves=step.info.waves,
                 plan_ms=plan_ms if way == "plan + run" else None,
                 # (prefill_topk waits for the device: its host time alone is not measurable so)
                 host_us=host_ms(call, device) * 1e3 if way != "prefill_topk" else None,
@@ -243,7 +245,8 @@ def run(args: argparse.Namespace) -> int:
           f"(H={cfg['heads']} D={cfg['head_dim']} topk={cfg['topk']}, tp={args.tp}) on {cfg['device']}; ms per layer, "
           f"median of {cfg['repeats']}")
     cols = [("config", "config", "s"), ("way", "way", "s"), ("rank", "rank", "d"), ("backend", "backend", "s"),
-            ("chunks", "chunks", "d"), ("host_us", "host us", ".0f"), ("kernels_ms", "kernels ms", ".3f"),
+            ("chunks", "chunks", "d")] + ([("waves", "waves", "d")] if args.tp > 1 else []) + [
+            ("host_us", "host us", ".0f"), ("kernels_ms", "kernels ms", ".3f"),
             ("idle_pct", "idle %", ".2f"), ("queued_ms", "queued ms", ".3f"),
             ("queued_over_kernels", "queued/kernels", ".3f"), ("graph_ms", "graph ms", ".3f"),
             ("sync_ms", "sync ms", ".3f"), ("vs_plain_sync", "plain/this (sync)", ".2f"),
