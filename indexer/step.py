@@ -424,13 +424,9 @@ def _plan_waves(backend, problem: Problem, row_plan: RowPlan, rank: int, budget:
     within each wave.
     """
     world, pieces = row_plan.world_size, [row_plan.rank_rows(r) for r in range(row_plan.world_size)]
-
-    def one() -> tuple[None, list, list[int]]:
+    if mode not in WAVE_MODES or requested == 1 or (requested != "auto" and min(row_plan.rows_per_rank) < 2):
         chunks = plan_chunks(backend, problem, pieces[rank], budget)
         return None, chunks, [len(chunks)]
-
-    if mode not in WAVE_MODES or requested == 1:
-        return one()
     if requested == "auto":
         chunks = plan_chunks(backend, problem, pieces[rank], budget)
         # every rank's chunk rows (host work only; this rank's from its own chunks)
@@ -443,8 +439,6 @@ def _plan_waves(backend, problem: Problem, row_plan: RowPlan, rank: int, budget:
         ends = [(w + 1) * len(chunks) // waves for w in range(waves)]
     else:
         waves = min(int(requested), *row_plan.rows_per_rank)
-        if waves <= 1:
-            return one()
         groups = [split_rows(pieces[r], even_cuts(row_plan.rows_per_rank[r], waves)) for r in range(world)]
         chunks, ends = [], []
         for group in groups[rank]:

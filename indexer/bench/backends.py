@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
-import time
 
 import torch
 
-from .timing import table
+from .timing import median_ms, table
 
 _GPU_SHAPES = "first@16384,first@32768,1024@16384,8192@16384,8192@65536,8192@131072,8x16384:1024"
 _CPU_SHAPES = "first@1024,64@2048,4x512:64"
@@ -94,11 +94,6 @@ def _ways(args: argparse.Namespace, platform, problem) -> list[str]:
                        if s.available and s.in_priority and (s.name != "torch" or platform.is_cpu())]
 
 
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2]
-
-
 def _make_way(way: str, inp, budget: float, args: argparse.Namespace, device: torch.device) -> dict:
     """Plan one way and run it twice (warm-up); with the peak device memory it added beyond
     ``out``, measured from an empty workspace."""
@@ -135,18 +130,7 @@ def _make_way(way: str, inp, budget: float, args: argparse.Namespace, device: to
 def _timed_run(way: dict, inp, device: torch.device) -> float:
     """One synchronized ``run``, in ms (CUDA events on a GPU)."""
     step, out = way["step"], way["out"]
-    args = (inp.q, inp.k, inp.k_scale, inp.weights)
-    if device.type == "cuda":
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize(device)
-        a.record()
-        step.run(*args, out=out)
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b)
-    t0 = time.perf_counter()
-    step.run(*args, out=out)
-    return (time.perf_counter() - t0) * 1e3
+    return median_ms(lambda: step.run(inp.q, inp.k, inp.k_scale, inp.weights, out=out), device, warmup=0, repeats=1)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -188,10 +172,11 @@ def run(args: argparse.Namespace) -> int:
             for _ in range(args.rounds):
                 for i, w in enumerate(live):
                     times[i].append(_timed_run(w, inp, device))
-            best = min((_median(t) for t in times), default=None)
+            best = min((statistics.median(t) for t in times), default=None)
             for w, t in zip(live, times):
                 r = w["row"]
-                r["ms"], r["x_best"] = _median(t), _median(t) / best
+                r["ms"] = statistics.median(t)
+                r["x_best"] = r["ms"] / best
                 got = w["out"].sort(1).values
                 ref = first.setdefault(r["backend"], got)
                 r["same"] = bool(torch.equal(got, ref))

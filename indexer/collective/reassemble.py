@@ -177,21 +177,16 @@ class Exchange:
         if self.mode == "maxreduce" and self.plan.num_rows and not self.equal:
             out.fill_(-1)
 
-    num_waves = 1
-
     def __call__(self, out: torch.Tensor) -> None:
         """Fill ``out`` (contiguous ``[M, W]``, this rank's rows already in place) with
         every other rank's rows."""
         self.start(out)
         self.finish(out)
 
-    def start(self, out: torch.Tensor, wave: int = 0) -> None:
+    def start(self, out: torch.Tensor) -> None:
         """Issue the exchange of ``out`` (this rank's rows of it in place) without waiting:
         the collectives run as async work (on NCCL, ordered after the work already queued on
-        the current stream), so the caller can queue more work before :meth:`finish`.
-        ``wave`` must be 0 (one wave)."""
-        if wave != 0:
-            raise ValueError(f"this exchange has one wave, got wave {wave}")
+        the current stream), so the caller can queue more work before :meth:`finish`."""
         if self.idle:
             return
         if self.equal:
@@ -283,24 +278,29 @@ class _Pending:
 
 class WaveExchange:
     """A step's exchange in waves: one :class:`Exchange` per wave (``waves``: one row plan
-    each, :func:`indexer.partition.waves.wave_plans`). ``start(out, w)`` issues wave ``w``'s
-    collectives once its rows are computed; ``finish(out)`` waits for them all.
+    each, :func:`indexer.partition.waves.wave_plans`; ``None``: the whole plan, one wave).
+    ``start(out, w)`` issues wave ``w``'s collectives once its rows are computed;
+    ``finish(out)`` waits for them all.
 
     Args:
         As :class:`Exchange`'s, with
-        waves: The wave plans (their pieces together are ``plan``'s).
+        waves: The wave plans (their pieces together are ``plan``'s); several only for the
+            modes of :data:`WAVE_MODES`.
     """
 
     def __init__(self, plan: RowPlan, rank: int, group: object, mode: str, width: int, dtype: torch.dtype,
-                 device: torch.device, waves: Sequence[RowPlan]):
-        if mode not in WAVE_MODES:
+                 device: torch.device, waves: Sequence[RowPlan] | None = None):
+        waves = tuple(waves) if waves else (plan,)
+        if len(waves) > 1 and mode not in WAVE_MODES:
             raise ReassemblyError(f"an exchange in waves needs one of {'|'.join(WAVE_MODES)}, not {mode!r}")
-        self.plan, self.rank, self.mode = plan, rank, mode
+        self.plan, self.rank, self.mode, self.waves = plan, rank, mode, waves
         self.parts = [Exchange(w, rank, group, mode, width, dtype, device) for w in waves]
         self.num_waves = len(self.parts)
 
     def before(self, out: torch.Tensor) -> None:
-        """Nothing: gathers need no prefill."""
+        """Before this rank computes into ``out`` (``maxreduce``'s prefill, one wave)."""
+        for part in self.parts:
+            part.before(out)
 
     def start(self, out: torch.Tensor, wave: int) -> None:
         self.parts[wave].start(out)
@@ -330,17 +330,15 @@ class NarrowExchange:
     Args:
         As :class:`Exchange`'s, with ``mode`` one of :data:`GATHER_MODES`, and
         max_window: The widest row window of the plan (keys).
+        waves: As :class:`WaveExchange`'s.
     """
 
     def __init__(self, plan: RowPlan, rank: int, group: object, mode: str, width: int, device: torch.device,
                  max_window: int = NARROW_MAX_WINDOW, waves: Sequence[RowPlan] | None = None):
         if mode not in GATHER_MODES:
             raise ReassemblyError(f"16-bit exchange needs one of {'|'.join(GATHER_MODES)}, not {mode!r}")
-        if waves is not None and len(waves) > 1 and mode not in WAVE_MODES:
-            raise ReassemblyError(f"an exchange in waves needs one of {'|'.join(WAVE_MODES)}, not {mode!r}")
-        self.waves = tuple(waves) if waves else (plan,)
-        self.inners = [Exchange(w, rank, group, mode, width, torch.float16, device) for w in self.waves]
-        self.num_waves = len(self.inners)
+        self.inner = WaveExchange(plan, rank, group, mode, width, torch.float16, device, waves)
+        self.num_waves = self.inner.num_waves
         self.plan, self.rank, self.mode = plan, rank, mode
         self.table = torch.empty(plan.num_rows, width, dtype=torch.int16, device=device)
         self.mask = None
@@ -359,17 +357,15 @@ class NarrowExchange:
             self.start(out, w)
         self.finish(out)
 
-    def start(self, out: torch.Tensor, wave: int = 0) -> None:
+    def start(self, out: torch.Tensor, wave: int) -> None:
         """Narrow this rank's rows of wave ``wave`` and issue their exchange (async)."""
-        for a, b in self.waves[wave].pieces[self.rank]:
+        for a, b in self.inner.waves[wave].pieces[self.rank]:
             self.table[a:b].copy_(out[a:b])  # int32 -> int16 keeps the low 16 bits
-        self.inners[wave].start(self.table.view(torch.float16))
+        self.inner.start(self.table.view(torch.float16), wave)
 
     def finish(self, out: torch.Tensor) -> None:
         """Wait for every wave, then widen the table into ``out``."""
-        view = self.table.view(torch.float16)
-        for inner in self.inners:
-            inner.finish(view)
+        self.inner.finish(self.table.view(torch.float16))
         if self.plan.num_rows == 0:
             return
         out.copy_(self.table)  # sign-extends: -1 and 0..32767 arrive as they left
@@ -381,7 +377,7 @@ class NarrowExchange:
 
 def make_exchange(plan: RowPlan, rank: int, group: object, mode: str, width: int, device: torch.device,
                   bits: int = 32, max_window: int = NARROW_MAX_WINDOW,
-                  waves: Sequence[RowPlan] | None = None) -> "Exchange | WaveExchange | NarrowExchange":
+                  waves: Sequence[RowPlan] | None = None) -> "WaveExchange | NarrowExchange":
     """The exchange of an int32 ``[M, width]`` table, moving ``bits``-wide indices
     (``max_window``: the plan's widest row window, for 16 bits), in ``waves`` (the wave
     plans, :func:`indexer.partition.waves.wave_plans`; ``None`` or one: a single exchange).
@@ -390,9 +386,7 @@ def make_exchange(plan: RowPlan, rank: int, group: object, mode: str, width: int
     and ``__call__(out)`` (every wave, then finish)."""
     if bits == 16:
         return NarrowExchange(plan, rank, group, mode, width, device, max_window, waves)
-    if waves is not None and len(waves) > 1:
-        return WaveExchange(plan, rank, group, mode, width, torch.int32, device, waves)
-    return Exchange(plan, rank, group, mode, width, torch.int32, device)
+    return WaveExchange(plan, rank, group, mode, width, torch.int32, device, waves)
 
 
 def _wait(works: Sequence[object]) -> None:
