@@ -111,7 +111,7 @@ def make_needle_inputs(
 #: Shapes of logits a real indexer produces beside the i.i.d. Gaussian, for the top-k's
 #: benchmarks and tests (:func:`logits_like`).
 LOGIT_DISTRIBUTIONS = ("gaussian", "equal", "few_distinct", "ascending", "descending", "outliers", "recency", "sink",
-                       "relu_zeros")
+                       "relu_zeros", "stripes")
 
 
 def logits_like(name: str, rows: int, n: int, device: torch.device | str = "cpu", seed: int = 0) -> torch.Tensor:
@@ -126,7 +126,10 @@ def logits_like(name: str, rows: int, n: int, device: torch.device | str = "cpu"
     * ``recency``: normal, the last ``min(4096, n // 4)`` keys raised by 3 (a local window);
     * ``sink``: normal, key 0 at 100 (an attention sink);
     * ``relu_zeros``: ``relu(x - 2.5)`` of a normal ``x``: 0.6% of the keys positive, the
-      rest exact zeros (a ReLU-weighted sum over heads that no head lights up).
+      rest exact zeros (a ReLU-weighted sum over heads that no head lights up);
+    * ``stripes``: normal, keys 256-263 of every 512 raised by 10 (a periodic structure,
+      1/64 of the keys, all between the runs the Triton top-k's sample reads: from 128K keys
+      on, more large keys than its candidate lists hold, so rows take its fallback path).
 
     Rows differ (drawn from one generator on ``device``, seeded by ``seed``).
 
@@ -157,6 +160,9 @@ def logits_like(name: str, rows: int, n: int, device: torch.device | str = "cpu"
         x[:, 0] = 100.0
     elif name == "relu_zeros":
         x = (x - 2.5).clamp_min_(0.0)
+    elif name == "stripes":
+        col = torch.arange(n, device=dev) % 512
+        x[:, (col >= 256) & (col < 264)] += 10.0
     return x
 
 

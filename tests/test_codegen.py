@@ -81,6 +81,8 @@ _SELECT_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, out_pt
 _FILTER_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, cand_ptr=_P64, cand32_ptr=_P32,
                    cnt_ptr=_P32, thr_ptr=_P32, tcol_ptr=_P32, thr2_ptr=_P32, out_ptr=_P32, ctl_ptr=_P32,
                    wpos_ptr=_P32, stats_ptr=_P32, rows=_I, stride_lm=_I, stride_om=_I, sample_min=_I)
+_FALLBACK_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, out_ptr=_P32, cand32_ptr=_P32,
+                     ctl_ptr=_P32, wpos_ptr=_P32, stats_ptr=_P32, rows=_I, stride_lm=_I, stride_om=_I)
 _SAMPLE_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, thr_ptr=_P32, tcol_ptr=_P32,
                    thr2_ptr=_P32, cnt_ptr=_P32, wpos_ptr=_P32, ctl_ptr=_P32, rows=_I, stride_lm=_I, sample_min=_I)
 
@@ -105,7 +107,7 @@ def _amd_plan(presample: bool, fused: bool, slices: int = 1):
 def _topk_kernels(arch: str, presample: bool, fused: bool, slices: int) -> None:
     from indexer.topk.triton import kernels as TK
 
-    _, _, _, sample_kw, filter_kw, retry_kw, selects = _amd_plan(presample, fused, slices)
+    _, _, _, sample_kw, filter_kw, retry_kw, selects, fallback_kw = _amd_plan(presample, fused, slices)
     assert filter_kw["SL"] == slices
     assert not filter_kw["BALLOT"] and not filter_kw["WB"] and "maxnreg" not in filter_kw
     _compile(TK.filter_kernel, _FILTER_SIG, filter_kw, arch)
@@ -116,6 +118,10 @@ def _topk_kernels(arch: str, presample: bool, fused: bool, slices: int) -> None:
         _compile(TK.select_kernel, _SELECT_SIG, kw, arch)
     if presample:
         _compile(TK.sample_kernel, _SAMPLE_SIG, sample_kw, arch)
+    # 64K-key rows: the split fallback is planned unless the select is fused into the filter
+    assert (fallback_kw is None) == fused
+    if fallback_kw is not None:
+        _compile(TK.fallback_kernel, _FALLBACK_SIG, fallback_kw, arch)
 
 
 def _nvidia_topk_kernels(slices: int) -> None:
@@ -125,7 +131,7 @@ def _nvidia_topk_kernels(slices: int) -> None:
     # ragged_topk's launches with the sm90 config (a CPU device stands for the GPU in the
     # plan, told it is NVIDIA's: ballots, PTX steps and register caps), 1M-key rows
     TC.is_nvidia = lambda device: True
-    _, _, _, sample_kw, filter_kw, retry_kw, selects = _topk_plan(
+    _, _, _, sample_kw, filter_kw, retry_kw, selects, fallback_kw = _topk_plan(
         TC.CONFIGS["sm90"], 1 << 20, slices=slices)
     assert filter_kw["BALLOT"] and filter_kw["SL"] == slices
     # the filter's PTX step: warp lists (slices=1) or the row's shared list and its atomic counter
@@ -136,6 +142,9 @@ def _nvidia_topk_kernels(slices: int) -> None:
     _nvidia_compile(TK.sample_kernel, _SAMPLE_SIG, sample_kw, ())
     for _, kw in selects:
         _nvidia_compile(TK.select_kernel, _SELECT_SIG, kw, ("vote.sync.ballot",) if kw["WB"] else ())
+    # the split fallback's passes wait on a row's pass counter (an acquiring load or atomic) and
+    # release it
+    _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, fallback_kw, (".acquire.", ".release."))
 
 
 def _logits_kernels(arch: str) -> None:

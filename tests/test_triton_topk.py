@@ -201,7 +201,7 @@ def test_bad_launch_options_are_refused(kw, match):
 
 def _unseen(n, lo, count):
     # `count` columns from `lo` on that SMALL_SAMPLE's sample never reads (its runs: keys 0-7
-    # of every 32, for rows of 32 * 64 keys or fewer)
+    # of every 32, for rows of 32 * 256 keys or fewer)
     col = torch.arange(n)
     return col[(col >= lo) & (col % 32 >= 8)][:count]
 
@@ -357,11 +357,11 @@ def _default_plan(topk, n, presample=None, slices=1):
 
 def test_split_rows_take_their_threshold_from_the_sample_kernel():
     # slices > 1 runs the sample kernel whatever presample says, and refuses the fused select
-    _, _, _, sample_kw, filter_kw, retry_kw, selects = _default_plan(64, 100000, presample=False, slices=4)
+    _, _, _, sample_kw, filter_kw, retry_kw, selects, _ = _default_plan(64, 100000, presample=False, slices=4)
     assert sample_kw is not None and filter_kw["SL"] == 4 and filter_kw["PRESAMPLE"]
     assert retry_kw["RETRY"] and not filter_kw["RETRY"]
     assert all(kw["W"] == 1 for _, kw in selects)  # one list per row
-    _, _, _, sample_kw, filter_kw, retry_kw, _ = _default_plan(64, 100000, presample=False)
+    _, _, _, sample_kw, filter_kw, retry_kw, _, _ = _default_plan(64, 100000, presample=False)
     assert sample_kw is None and retry_kw is None and filter_kw["SL"] == 1
 
 
@@ -370,7 +370,7 @@ def test_rows_past_the_filters_sample_take_the_sample_kernel():
     # rows longer than the filter's own sample covers at one key in 32 (256 runs of 16 keys:
     # 128K keys), which then gives the retry's threshold too; asked for explicitly, off stays off
     assert not TC.DEFAULT_CONFIG.presample
-    _, _, _, sample_kw, filter_kw, _, _ = _default_plan(2048, 1 << 20)
+    _, _, _, sample_kw, filter_kw, _, _, _ = _default_plan(2048, 1 << 20)
     assert sample_kw is not None and filter_kw["PRESAMPLE"] and filter_kw["SECOND"]
     assert _default_plan(2048, 1 << 17)[3] is None
     assert _default_plan(2048, 1 << 20, presample=False)[3] is None
@@ -689,11 +689,11 @@ def test_sample_kernel_tile_holds_the_filters_sample(slices):
     for np_ in (runs, 4 * runs):
         t = torch.zeros(len(lens), dtype=torch.int32, device=DEVICE)
         tcol = torch.zeros(len(lens), dtype=torch.int32, device=DEVICE)
-        # the counters it zeroes for the later launches, garbage before (ctl[3:] is the
-        # queue, written before it is read, and must be left alone; cnt only for split rows)
+        # the counters it zeroes for the later launches, garbage before (ctl[5:] are the
+        # queues, written before they are read, and must be left alone; cnt only for split rows)
         cnt = torch.full((2 * len(lens),), 9, dtype=torch.int32, device=DEVICE)  # list, slices done
         wpos = torch.full((len(lens),), 77, dtype=torch.int32, device=DEVICE)
-        ctl = torch.full((6,), -5, dtype=torch.int32, device=DEVICE)
+        ctl = torch.full((8,), -5, dtype=torch.int32, device=DEVICE)
         thr2 = torch.zeros(2 * len(lens), dtype=torch.int32, device=DEVICE)
         TK.sample_kernel[(len(lens),)](logits, starts, lens.to(DEVICE), t, tcol, thr2, cnt, wpos, ctl, len(lens),
                                        logits.stride(0), 0, K=8, SECOND=True, NP=np_, PIECE=piece, SPARSE=sparse,
@@ -704,7 +704,7 @@ def test_sample_kernel_tile_holds_the_filters_sample(slices):
         assert (thr2[:len(lens)][sampled] <= t[sampled]).all()
         assert not wpos.any()
         assert (cnt == (0 if slices > 1 else 9)).all()
-        assert ctl.tolist() == [0, 0, 0, -5, -5, -5]
+        assert ctl.tolist() == [0, 0, 0, 0, 0, -5, -5, -5]
     assert all(torch.equal(a, b) for a, b in zip(*got))
     sampled = lens.to(DEVICE) > 8
     assert (got[0][0][sampled] != 0).any()  # thresholds were written
@@ -910,3 +910,89 @@ def test_select_search_meets_the_bit_searchs_contract(bisect_after, span):
                 above = int((keys >= x).sum())
                 assert above >= need and (above == need or x == int(ordered[need - 1])), (name, need, below, x, above)
 
+
+
+# the fallback path at toy sizes: every row longer than the 64-slot tile takes it; those of at
+# least 300 keys are split into slices of 256 keys (a program each), the shorter ones are
+# selected by one program in the select launch
+SPLIT_FALLBACK = dict(tile=64, sample_min=1 << 30, fallback_split=300, fallback_slice=256, cap=4096)
+
+
+def _check_split(logits, masked, starts, lengths, topk, **kw):
+    # _check with the sixth stats entry: returns (the four path counters, rows split)
+    rows = logits.shape[0]
+    got = torch.full((rows, topk), 99999, dtype=torch.int32, device=DEVICE)
+    stats = torch.zeros(6, dtype=torch.int32, device=DEVICE)
+    T.ragged_topk(logits, starts.to(DEVICE), lengths.to(DEVICE), topk, got, stats=stats, config=_cfg(**kw))
+    want = torch.empty(rows, topk, dtype=torch.int32)
+    row_topk(masked, starts, lengths, topk, want)
+    assert torch.equal(got.cpu().sort(1).values, want.sort(1).values)
+    stats = stats.cpu().tolist()
+    assert sum(stats[:4]) == rows
+    return stats[:4], stats[TC.STAT_SPLIT]
+
+
+@pytest.mark.parametrize("quantize", [None, 4.0, 0.25])
+def test_split_fallback_selects_the_torch_set(quantize):
+    # ragged windows, an empty row and one of exactly k keys; rows below and above the split
+    # length; ties at the k-th key spanning slices (quantize 0.25: almost every key tied)
+    topk = 40
+    logits, masked, starts, lengths = _case(10, 1500, topk, seed=11, quantize=quantize, pad=3, min_length=100)
+    paths, split = _check_split(logits, masked, starts, lengths, topk, **SPLIT_FALLBACK)
+    assert paths[TC.STAT_PLAIN] == int((lengths > topk).sum()), paths
+    assert split == int((lengths >= 300).sum()) and split >= 5, (split, lengths)
+
+
+@pytest.mark.parametrize("dist", LOGIT_DISTRIBUTIONS)
+def test_split_fallback_selects_the_torch_set_on_every_distribution(dist):
+    # ties across the whole row (equal, few distinct, flat with outliers, ReLU zeros), ramps,
+    # NaN-free extremes: digit histograms of one bin, k-th keys tied across every slice
+    rows, n, topk = 3, 2000, 64
+    logits = logits_like(dist, rows, n, seed=5)
+    starts = torch.tensor([0, 7, 300])
+    lengths = torch.tensor([n, n - 7, 1200])
+    col = torch.arange(n)
+    inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
+    masked = torch.where(inside, logits, float("-inf"))
+    paths, split = _check_split(logits.to(DEVICE), masked, starts, lengths, topk, **SPLIT_FALLBACK)
+    assert split == rows, (paths, split)
+
+
+def test_split_fallback_orders_special_values_like_floats():
+    # NaNs above everything, signed zeros tied, infinities and subnormals, both signs
+    tiny = torch.finfo(torch.float32).tiny
+    special = torch.tensor([0.0, -0.0, float("-inf"), float("inf"), float("nan"), 3e38, -3e38, tiny / 4, -tiny / 4,
+                            1.0, -1.0])
+    g = torch.Generator().manual_seed(4)
+    vals = special[torch.randint(0, special.numel(), (3, 1100), generator=g)]
+    starts = torch.tensor([0, 9, 100])
+    lengths = torch.tensor([1100, 1000, 700])
+    col = torch.arange(1100)
+    inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
+    masked = torch.where(inside, vals, float("-inf"))
+    paths, split = _check_split(vals.to(DEVICE), masked, starts, lengths, 200, **SPLIT_FALLBACK)
+    assert split == 3, (paths, split)
+
+
+@pytest.mark.parametrize("slices", [1, 4])
+def test_overflowing_rows_take_the_split_fallback(slices):
+    # 6144 large keys where the sample does not look overflow the lists (4 of 1024 slots, or
+    # a split row's one of 4096): the rows leave the sampled path for the split fallback,
+    # which must not lose keys
+    n, topk = 8192, 16
+    g = torch.Generator().manual_seed(9)
+    vals = torch.randn(2, n, generator=g)
+    vals[:, _unseen(n, 0, 6144)] = 5.0 + torch.rand(6144, generator=g)
+    starts = torch.zeros(2, dtype=torch.int64)
+    lengths = torch.full((2,), n, dtype=torch.int64)
+    paths, split = _check_split(vals.to(DEVICE), vals, starts, lengths, topk, cap=4096, slices=slices,
+                                fallback_split=1024, fallback_slice=512, **SMALL_SAMPLE)
+    assert paths[TC.STAT_PLAIN] == 2 and split == 2, (paths, split)
+
+
+def test_a_narrow_scratch_keeps_fallback_rows_in_the_select_launch():
+    # 2 * cap int32 slots cannot hold the split fallback's histograms: no launch is planned and
+    # the select launch serves the rows (the same set)
+    logits, masked, starts, lengths = _case(4, 800, 16, seed=2, min_length=400)
+    paths, split = _check_split(logits, masked, starts, lengths, 16, **dict(SPLIT_FALLBACK, cap=64))
+    assert paths[TC.STAT_PLAIN] == int((lengths > 16).sum()) and split == 0, (paths, split)

@@ -294,12 +294,12 @@ def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float
     vals = torch.empty(m, k, dtype=torch.float32, device=device)
     idx = torch.empty(m, k, dtype=torch.int64, device=device)
     torch_row = add("torch.topk", lambda: torch.topk(logits, k, dim=1, out=(vals, idx)), same=False)
-    stats = torch.zeros(5, dtype=torch.int32, device=device)
+    stats = torch.zeros(6, dtype=torch.int32, device=device)
     ragged.ragged_topk(logits, starts, lengths, k, out, stats=stats)
     s = stats.tolist()
     slices = topk_config.auto_slices(device, m, n, topk_config.launch_config(device).programs_per_sm)
-    note = (f"sampled {s[topk_config.STAT_SAMPLED] / m:.0%}, plain {s[topk_config.STAT_PLAIN]}, "
-            f"whole-row {s[topk_config.STAT_WHOLE]}, "
+    note = (f"sampled {s[topk_config.STAT_SAMPLED] / m:.0%}, fallback {s[topk_config.STAT_PLAIN]} "
+            f"({s[topk_config.STAT_SPLIT]} split), whole-row {s[topk_config.STAT_WHOLE]}, "
             f"retried {s[topk_config.STAT_RETRIED]}"
             + (f"; {slices} programs a row" if slices > 1 else ""))
     found = [add("triton", lambda: ragged.ragged_topk(logits, starts, lengths, k, out), note)]
@@ -307,6 +307,11 @@ def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float
     if slices > 1:
         found.append(add("triton, whole rows", lambda: ragged.ragged_topk(logits, starts, lengths, k, out,
                                                                               config=whole)))
+    if s[topk_config.STAT_SPLIT]:
+        # the same rows with every fallback row selected by one program, side by side
+        unsplit = dataclasses.replace(topk_config.launch_config(device), fallback_split=0)
+        found.append(add("triton, fallback unsplit", lambda: ragged.ragged_topk(logits, starts, lengths, k, out,
+                                                                                    config=unsplit)))
     for label, fn in (extra or {}).items():
         found.append(add(label, lambda fn=fn: fn(logits, starts, lengths, k, out)))
     for r in [torch_row, *found]:

@@ -240,10 +240,11 @@ def logits_topk(
     thr = torch.empty(m, dtype=torch.int32, device=device)
     cand32 = torch.empty(m, 2 * cap, dtype=torch.int32, device=device)
     # the lists' lengths, the select's write counters, then its ctl: [1] rows queued for its
-    # second launch, [2] that launch's next entry, [3:] the queue
-    scratch = torch.zeros(m * (lists + 2) + 3, dtype=torch.int32, device=device)
+    # second launch, [2] that launch's next entry, [5:] the queue ([3:5] the split fallback's
+    # counters, unused here)
+    scratch = torch.zeros(m * (lists + 2) + 5, dtype=torch.int32, device=device)
     counts = scratch[: m * lists].view(m, lists)
-    wpos, ctl = scratch[m * lists:].split((m, m + 3))
+    wpos, ctl = scratch[m * lists:].split((m, m + 5))
     cfg = logits_kernels.fused_config(h, d)
     with logits_kernels.device_guard(q):
         _threshold_kernel[(m,)](sample, starts, ends, thr, sample.stride(0), stride, K_=topk, CAP=cap,

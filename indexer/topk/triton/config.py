@@ -47,6 +47,16 @@ MAX_SLICES, SLICE_MIN = 64, 16384
 #: once. With a fifth entry, rows filtered a second time (the retry, fewer than k keys
 #: through the first threshold), whichever path then served them.
 STAT_SHORT, STAT_SAMPLED, STAT_PLAIN, STAT_WHOLE, STAT_RETRIED = 0, 1, 2, 3, 4
+#: With a sixth entry, the rows of ``STAT_PLAIN`` that were split across programs.
+STAT_SPLIT = 5
+#: Fallback rows of at least ``FALLBACK_SPLIT`` keys are split into slices of
+#: ``FALLBACK_SLICE`` keys, a work item each, in a launch of their own
+#: (``fallback_kernel``); shorter ones are selected by one program in the select launch.
+#: ``FALLBACK_PROGRAMS_PER_SM`` programs an SM take the items.
+FALLBACK_SPLIT, FALLBACK_SLICE, FALLBACK_PROGRAMS_PER_SM = 32768, 16384, 8
+#: Keys a step of the split fallback's passes; int32 slots of a row's state before its
+#: per-slice counts (seven 32-bin digit histograms, a pass counter).
+FALLBACK_BLOCK, FALLBACK_STATE = 2048, 7 * 32 + 1
 
 
 def _int(x) -> bool:
@@ -112,6 +122,12 @@ class TopkConfig:
             sampled keys reach it (0 to 64).
         sample_min: Rows longer than ``tile`` but shorter than this take the fallback path
             (for tests).
+        fallback_split: Rows of at least this many keys that take the fallback path are
+            split into slices of ``fallback_slice`` keys, a program each, in a launch of their
+            own that is planned only for blocks at least this wide; ``0``: never (every
+            fallback row is selected by one program).
+        fallback_slice: Keys a program of a split fallback row (a power of two, at least
+            256).
     """
 
     num_warps: int = 4
@@ -141,6 +157,8 @@ class TopkConfig:
     sample_low_bit: int = 8
     sample_slack: float = SAMPLE_SLACK
     sample_min: int = 0
+    fallback_split: int = FALLBACK_SPLIT
+    fallback_slice: int = FALLBACK_SLICE
 
     def __post_init__(self) -> None:
         for name in ("fused", "tile_write", "dynamic", "ballot_write"):
@@ -164,6 +182,10 @@ class TopkConfig:
                 raise ValueError(f"{name} must be an int of at least 1, got {value!r}")
         if not (_int(self.sample_min) and self.sample_min >= 0):
             raise ValueError(f"sample_min must be an int >= 0, got {self.sample_min!r}")
+        if not (_int(self.fallback_split) and self.fallback_split >= 0):
+            raise ValueError(f"fallback_split must be an int >= 0, got {self.fallback_split!r}")
+        if not (_int(self.fallback_slice) and _pow2(self.fallback_slice) and self.fallback_slice >= 256):
+            raise ValueError(f"fallback_slice must be a power of two of at least 256, got {self.fallback_slice!r}")
         if self.slices is not None and not (_int(self.slices) and _pow2(self.slices) and self.slices <= MAX_SLICES):
             raise ValueError(f"slices must be None or a power of two in 1-{MAX_SLICES}, got {self.slices!r}")
         if self.fused and self.slices is not None and self.slices > 1:
@@ -239,8 +261,9 @@ def default_cap(topk: int) -> int:
 def scratch_bytes_per_row(topk: int) -> int:
     """Bytes of :func:`ragged_topk`'s temporaries a row at the default capacity: the
     candidate lists (value and column a slot), the per-list counts (16 lists at most), the
-    thresholds and column cuts (the first and the retry's), a write counter and a queue entry."""
-    return 8 * default_cap(topk) + 4 * 16 + 24
+    thresholds and column cuts (the first and the retry's), a write counter and two queue
+    entries."""
+    return 8 * default_cap(topk) + 4 * 16 + 28
 
 
 def auto_slices(device: torch.device, rows: int, n: int, programs_per_sm: int) -> int:
@@ -293,12 +316,13 @@ def _write_chunk(slots: int, warps: int, tile_write: bool, ballot_write: bool) -
 
 @functools.lru_cache(maxsize=256)
 def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, slices: int, has_stats: bool,
-          count_retries: bool = False) -> tuple:
+          count_retries: bool = False, count_split: bool = False) -> tuple:
     """``config`` on ``device`` for rows of at most ``n`` keys and ``slices`` programs a row,
     checked against the device and the call and turned into the launches' arguments, once
     per distinct call shape (a frozen config is its own cache key): ``(programs_per_sm,
     num_warps, cap, sample kernel keywords or None, filter kernel keywords, the split rows'
-    retry launch's keywords or None, ((first, select kernel keywords), ...))``.
+    retry launch's keywords or None, ((first, select kernel keywords), ...), the split
+    fallback's keywords or None)``.
 
     Raises:
         ValueError: a field the device or the call rules out, named.
@@ -365,9 +389,27 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
                              SECOND=second, num_warps=max(1, min(16, runs * piece // 1024)))
     # split rows retry in a launch of their own (rows strided over its programs)
     retry_kw = LaunchKw(filter_kw, RETRY=True, DYNAMIC=False) if slices > 1 else None
+    fallback_kw = fallback_launch(topk, cap, n, c.fallback_split, c.fallback_slice, count_split) if not fused else None
     selects = select_launches(common, tile, cap, c.select_warps, fused, c.tile_write, c.select_maxnreg,
-                               c.ballot_write)
-    return c.programs_per_sm, num_warps, cap, sample_kw, filter_kw, retry_kw, selects
+                               c.ballot_write, c.fallback_split if fallback_kw is not None else 0)
+    return c.programs_per_sm, num_warps, cap, sample_kw, filter_kw, retry_kw, selects, fallback_kw
+
+
+def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, count: bool = False) -> LaunchKw | None:
+    """Keywords of the split fallback's launch for rows of at most ``n`` keys, or ``None``
+    where none is planned: ``split`` is 0 or above ``n``. Its per-row state (seven 32-bin digit
+    histograms, a pass counter, a key count and a digit histogram a slice) lives in a fallback
+    row's ``2 * cap`` int32 candidate slots, so slices grow past ``slice_keys`` where a row would
+    need more of them than fit; a ``cap`` too small for one slice's state rules the launch out.
+    ``count``: it adds each row to ``stats[STAT_SPLIT]``."""
+    if split == 0 or n < split or 2 * cap < FALLBACK_STATE + 66:
+        return None
+    # a slice's key count and last digit histogram (33 slots); the counts padded to a power of two
+    room = (2 * cap - FALLBACK_STATE) // 66
+    slice_keys = max(slice_keys, _next_pow2(-(-n // room)))
+    slices = -(-n // slice_keys)
+    return LaunchKw(K=topk, REGION=2 * cap, SLICE=slice_keys, BLOCK=min(FALLBACK_BLOCK, slice_keys), NS=slices,
+                    NSP=_next_pow2(slices), COUNT=bool(count), num_warps=4)
 
 
 def sample_runs(n: int, piece: int, sparse: int, sample_max: int) -> int:
@@ -395,12 +437,15 @@ def select_constexprs(topk: int, lists: int, cap: int, whole: int, block: int, r
 
 
 def select_launches(common: dict, tile: int, cap: int, select_warps: int, fused: bool = False,
-                     tile_write: bool = False, select_maxnreg: int | None = None, ballot_write: bool = False) -> tuple:
+                     tile_write: bool = False, select_maxnreg: int | None = None, ballot_write: bool = False,
+                     fallback_split: int = 0) -> tuple:
     """The select kernel's launches as ``((first, keywords), ...)``: the first (unless fused
     into the filter) with tiles of ``tile`` slots; then the rows whose lists did not fit,
     with tiles of ``cap`` (and, fused, the fallback path's), unless the first tile holds them.
     ``ballot_write`` (NVIDIA): each launch whose write chunks allow it places the indices by
-    warp ballots and a per-row counter instead of a scan."""
+    warp ballots and a per-row counter instead of a scan. ``fallback_split > 0``: the first
+    launch queues the fallback rows of at least that many keys for the split fallback's
+    launch (:func:`fallback_launch`) instead of selecting them."""
     lists = common["W"]
     selects = []
     for first, slots in ((True, tile), (False, cap)):
@@ -409,6 +454,6 @@ def select_launches(common: dict, tile: int, cap: int, select_warps: int, fused:
         warps = select_warps if first else max(select_warps, min(16, slots // 1024))
         ch, wb = _write_chunk(slots, warps, tile_write and first, ballot_write)
         selects.append((first, LaunchKw(
-            STW=slots // lists, CH=ch, FIRST=first, num_warps=warps, WB=wb,
+            STW=slots // lists, CH=ch, FIRST=first, num_warps=warps, WB=wb, PSPLIT=fallback_split if first else 0,
             **common, **(dict(maxnreg=select_maxnreg) if first and select_maxnreg else {}))))
     return tuple(selects)

@@ -1,7 +1,8 @@
-"""The Triton top-k's kernels: sample, filter, select (docs/topk.md walks through them).
+"""The Triton top-k's kernels: sample, filter, select, split fallback (docs/topk.md walks through them).
 
-Every jit function and the three kernels' launchers live here, defined only where Triton
-imports (``SAMPLE_LAUNCHER``, ``FILTER_LAUNCHER``, ``SELECT_LAUNCHER``; :mod:`.ragged` launches them).
+Every jit function and the four kernels' launchers live here, defined only where Triton
+imports (``SAMPLE_LAUNCHER``, ``FILTER_LAUNCHER``, ``SELECT_LAUNCHER``, ``FALLBACK_LAUNCHER``;
+:mod:`.ragged` launches them).
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ if triton is not None:
     _SHARED_APPEND_CUT_ASM = tl.constexpr(_shared_append_ptx(True))
     _BISECT_AFTER = tl.constexpr(SEARCH_BISECT_AFTER)
     _SPAN = tl.constexpr(SEARCH_SPAN)
+    # a queued fallback row's slots: its seven 32-bin digit histograms and pass counter,
+    # zeroed when it is queued, then a key count a slice
+    _FB_DONE = tl.constexpr(224)
+    _FB_ZEROED = tl.constexpr(225)
 
     @triton.jit
     def _skey(v):
@@ -638,7 +643,7 @@ if triton is not None:
                 tl.debug_barrier()
                 _select_row(row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr,
                             wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW, WHOLE, CH,
-                            BLOCK, RADIX_BITS, R, True, False, STATS, WB)
+                            BLOCK, RADIX_BITS, R, True, False, STATS, WB, 0)
                 # the next row's candidates and counts are other slots, but the tile's
                 # scratch for reductions is shared: keep the rows apart
                 tl.debug_barrier()
@@ -690,15 +695,15 @@ if triton is not None:
         (:func:`sample_runs`): the same sample, a smaller tile. It also zeroes the counters
         the later launches start from, the row's write counter ``wpos[row]``, with ``SL > 1``
         its list counter ``cnt[row]`` and slices-done counter ``cnt[rows + row]``, and
-        (program 0) ``ctl[0:3]``, so that the call needs no fill launch before it."""
+        (program 0) ``ctl[0:5]``, so that the call needs no fill launch before it."""
         row = tl.program_id(0).to(tl.int64)
         tl.store(wpos_ptr + row, 0)
         if SL > 1:
             tl.store(cnt_ptr + row, 0)  # the row's list
             tl.store(cnt_ptr + rows + row, 0)  # its slices done
         if row == 0:
-            c = tl.arange(0, 4)
-            tl.store(ctl_ptr + c, tl.zeros((4,), tl.int32), mask=c < 3)
+            c = tl.arange(0, 8)
+            tl.store(ctl_ptr + c, tl.zeros((8,), tl.int32), mask=c < 5)
         length = tl.load(lengths_ptr + row).to(tl.int32)
         if _sampled_row(length, sample_min, WHOLE):
             base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
@@ -722,8 +727,161 @@ if triton is not None:
 
     @triton.jit
     def _defer(ctl_ptr, row):
-        # queue a row for the second select launch: ctl[1] rows queued, at ctl[3:]
-        tl.store(ctl_ptr + 3 + tl.atomic_add(ctl_ptr + 1, 1), row.to(tl.int32))
+        # queue a row for the second select launch: ctl[1] rows queued, at ctl[5:]
+        tl.store(ctl_ptr + 5 + tl.atomic_add(ctl_ptr + 1, 1), row.to(tl.int32))
+
+    @triton.jit
+    def _queue_fallback(row, cand32_ptr, ctl_ptr, REGION: tl.constexpr):
+        # queue a row for fallback_kernel (ctl[3] rows queued, at ctl[5 + rows:]) and zero
+        # its digit histograms and pass counter, kept in the row's candidate slots (a fallback
+        # row's lists are never read again)
+        rows = tl.num_programs(0)
+        tl.store(ctl_ptr + 5 + rows + tl.atomic_add(ctl_ptr + 3, 1), row.to(tl.int32))
+        z = tl.arange(0, 256)
+        tl.store(cand32_ptr + row * REGION + z, tl.zeros((256,), tl.int32), mask=z < _FB_ZEROED)
+
+    @triton.jit
+    def _digit_place(j):
+        # digit j of a key's unsigned form: bits 31-27, 26-22, ..., 6-2 (j < 6), then 1-0
+        return tl.where(j < 6, 27 - 5 * j, 0), tl.where(j < 6, 31, 3)
+
+    @triton.jit
+    def _fallback_digits(reg, passes, need):
+        """The top ``passes`` digits (5 bits each, the last 2) of a fallback row's
+        ``need``-th largest key (on the key's unsigned form, sign bit flipped), from the row's
+        32-bin digit histograms at ``reg[32 * j:]`` (written by other programs' atomics: read
+        past the L1 cache): ``(prefix, its mask, keys still needed among those matching it)``."""
+        bins = tl.arange(0, 32)
+        prefix = tl.full((), 0, tl.int32)
+        pmask = tl.full((), 0, tl.int32)
+        need = need + tl.zeros((), tl.int32)
+        for j in range(0, passes):
+            h = tl.load(reg + 32 * j + bins, volatile=True)
+            # the largest digit whose keys and those above still reach `need`
+            suffix = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h
+            b = tl.max(tl.where(suffix >= need, bins, -1), axis=0)
+            need -= tl.sum(tl.where(bins > b, h, 0), axis=0)
+            shift, dmask = _digit_place(j)
+            prefix = prefix | (b << shift)
+            pmask = pmask | (dmask << shift)
+        return prefix, pmask, need
+
+    @triton.jit
+    def _fallback_item(base, obase, lo, hi, reg, wpos_ptr, s, p, K: tl.constexpr, BLOCK: tl.constexpr,
+                       NSP: tl.constexpr):
+        """Pass ``p`` of a fallback row over its keys ``[lo, hi)`` (slice ``s``): ``p < 7``
+        adds the slice's histogram of digit ``p`` (among keys matching the digits above) to
+        the row's, and keeps it at ``reg[_FB_ZEROED + NSP + 32 * s:]`` (a slice none of whose
+        keys matched skips the later digits); ``p == 7`` writes the keys above the k-th and
+        counts the slice's keys equal to it; ``p == 8`` writes the ties the slices before left
+        to take, lowest columns first. Indices go to slots from the row's write counter."""
+        if p < 7:
+            # 5-bit digits: the histogram's time grows with its bins (512 or 4096 bins measured
+            # slower than seven passes of 32, docs/topk.md)
+            prefix, pmask, need = _fallback_digits(reg, p, K)
+            shift, dmask = _digit_place(p)
+            bins = tl.arange(0, 32)
+            own = reg + _FB_ZEROED + NSP + 32 * s
+            # the slice's own histogram of the previous digit: none of its keys matching the
+            # digits found so far, it has nothing to count (nor to store: never read again)
+            mine = hi - lo
+            if p > 0:
+                pshift, pdmask = _digit_place(p - 1)
+                prev = (prefix >> pshift) & pdmask
+                mine = tl.sum(tl.where(bins == prev, tl.load(own + bins), 0), axis=0)
+            if mine > 0:
+                hist = tl.zeros((32,), tl.int32)
+                # the next block's load in flight while this one is counted
+                v = tl.load(base + lo + tl.arange(0, BLOCK), mask=lo + tl.arange(0, BLOCK) < hi, other=0.0)
+                for c0 in range(lo, hi, BLOCK):
+                    i = c0 + tl.arange(0, BLOCK)
+                    m = i < hi
+                    ahead = tl.load(base + i + BLOCK, mask=i + BLOCK < hi, other=0.0)
+                    u = _skey(v) ^ -2147483648
+                    hist += tl.histogram((u >> shift) & dmask, 32, mask=m & ((u & pmask) == prefix))
+                    v = ahead
+                tl.store(own + bins, hist)
+                tl.atomic_add(reg + 32 * p + bins, hist, mask=hist > 0, sem="relaxed")
+        else:
+            prefix, pmask, need = _fallback_digits(reg, 7, K)
+            kth = prefix ^ -2147483648
+            if p == 7:
+                eqn = tl.full((), 0, tl.int32)
+                for c0 in range(lo, hi, BLOCK):
+                    i = c0 + tl.arange(0, BLOCK)
+                    m = i < hi
+                    key = _skey(tl.load(base + i, mask=m, other=0.0))
+                    gt = m & (key > kth)
+                    ngt = tl.sum(gt.to(tl.int32), axis=0)
+                    if ngt > 0:
+                        at = tl.atomic_add(wpos_ptr, ngt)
+                        tl.store(obase + at + tl.cumsum(gt.to(tl.int32), axis=0) - 1, i, mask=gt)
+                    eqn += tl.sum((m & (key == kth)).to(tl.int32), axis=0)
+                tl.store(reg + _FB_ZEROED + s, eqn)
+            else:
+                sl = tl.arange(0, NSP)
+                before = tl.sum(tl.load(reg + _FB_ZEROED + sl, mask=sl < s, other=0, volatile=True), axis=0)
+                c0 = tl.where(tl.load(reg + _FB_ZEROED + s) > 0, lo, hi)  # a slice without ties skips
+                while (c0 < hi) & (before < need):
+                    i = c0 + tl.arange(0, BLOCK)
+                    m = i < hi
+                    eq = (m & (_skey(tl.load(base + i, mask=m, other=0.0)) == kth)).to(tl.int32)
+                    take = (eq > 0) & (before + tl.cumsum(eq, axis=0) <= need)
+                    nt = tl.sum(take.to(tl.int32), axis=0)
+                    if nt > 0:
+                        at = tl.atomic_add(wpos_ptr, nt)
+                        tl.store(obase + at + tl.cumsum(take.to(tl.int32), axis=0) - 1, i, mask=take)
+                    before += tl.sum(eq, axis=0)
+                    c0 += BLOCK
+
+    @triton.jit
+    def fallback_kernel(
+        logits_ptr, starts_ptr, lengths_ptr, out_ptr, cand32_ptr, ctl_ptr, wpos_ptr, stats_ptr, rows, stride_lm,
+        stride_om,
+        K: tl.constexpr,
+        REGION: tl.constexpr,
+        SLICE: tl.constexpr,
+        BLOCK: tl.constexpr,
+        NS: tl.constexpr,
+        NSP: tl.constexpr,
+        COUNT: tl.constexpr,
+    ):
+        """The fallback path of the rows the first select launch queued (``ctl[3]`` of them
+        at ``ctl[5 + rows:]``), each split into ``NS`` slices of ``SLICE`` keys: a radix
+        select of seven digit passes (5 bits each, the last 2), then a pass writing the keys
+        above the k-th key and one writing its ties, lowest columns first
+        (:func:`_fallback_item`).
+        Every program takes the next (pass, row, slice) item from the counter ``ctl[4]``,
+        passes in order, and waits until the row's previous pass is done (its counter at
+        ``reg[224]``, ``REGION`` int32 slots a row from ``cand32``). Items are taken in that
+        order, so an awaited item is always held by a running program: a program never waits
+        on one that has not started, and the grid need not fit the GPU at once. An empty
+        queue costs a program two loads. ``COUNT``: each row adds 1 to ``stats[5]``."""
+        queued = tl.load(ctl_ptr + 3)
+        per_pass = queued * NS
+        item = tl.atomic_add(ctl_ptr + 4, 1)
+        while item < 9 * per_pass:
+            p = item // per_pass
+            q = (item % per_pass) // NS
+            s = item % NS
+            row = tl.load(ctl_ptr + 5 + rows + q).to(tl.int64)
+            reg = cand32_ptr + row * REGION
+            seen = tl.atomic_add(reg + _FB_DONE, 0, sem="acquire")
+            while seen < p * NS:
+                seen = tl.atomic_add(reg + _FB_DONE, 0, sem="acquire")
+            length = tl.load(lengths_ptr + row).to(tl.int32)
+            if COUNT:
+                if (p == 0) & (s == 0):
+                    tl.atomic_add(stats_ptr + 5, 1)
+            lo = s * SLICE
+            if lo < length:
+                base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
+                _fallback_item(base, out_ptr + row * stride_om, lo, tl.minimum(lo + SLICE, length), reg,
+                               wpos_ptr + row, s, p, K, BLOCK, NSP)
+            # every thread's writes of this item before the count that releases the next pass
+            tl.debug_barrier()
+            tl.atomic_add(reg + _FB_DONE, 1, sem="release")
+            item = tl.atomic_add(ctl_ptr + 4, 1)
 
     @triton.jit
     def _select_row(
@@ -743,13 +901,15 @@ if triton is not None:
         PLAIN: tl.constexpr,
         STATS: tl.constexpr,
         WB: tl.constexpr,
+        PSPLIT: tl.constexpr,
     ):
         """The top k of one row (its candidates filtered already, if it is longer than
         ``WHOLE``) with a tile of ``STW`` slots a list. A first launch (``FIRST``) queues
         (:func:`_defer`) the rows whose lists do not fit the tile, for a later one with a
         tile as large as the lists; without ``PLAIN`` it leaves the fallback path's rows and
         rows tied at the k-th key to that launch too (for the fused filter kernel's
-        registers)."""
+        registers). ``PSPLIT > 0`` (a first launch of one program a row only): fallback rows of
+        at least ``PSPLIT`` keys are queued for :func:`fallback_kernel` instead."""
         base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
         obase = out_ptr + row * stride_om
         CAP: tl.constexpr = W * WCAP
@@ -837,8 +997,14 @@ if triton is not None:
                         tl.atomic_add(stats_ptr + tl.where(whole, 3, 1), 1)
             elif path == 1:
                 if PLAIN:
-                    kth, need = _kth_largest(base, length, K, BLOCK, RADIX_BITS, R)
-                    _emit(base, length, kth, need, obase, BLOCK)
+                    split = False
+                    if PSPLIT > 0:
+                        split = length >= PSPLIT
+                    if split:
+                        _queue_fallback(row, cand32_ptr, ctl_ptr, 2 * CAP)
+                    else:
+                        kth, need = _kth_largest(base, length, K, BLOCK, RADIX_BITS, R)
+                        _emit(base, length, kth, need, obase, BLOCK)
                     if STATS:
                         tl.atomic_add(stats_ptr + 2, 1)
 
@@ -859,9 +1025,10 @@ if triton is not None:
         FIRST: tl.constexpr,
         STATS: tl.constexpr,
         WB: tl.constexpr,
+        PSPLIT: tl.constexpr,
     ):
         """``FIRST``: one row a program, every row. Otherwise the rows a first launch queued
-        (``ctl[1]`` of them at ``ctl[3:]``): program ``p`` takes entry ``p``, then pulls
+        (``ctl[1]`` of them at ``ctl[5:]``): program ``p`` takes entry ``p``, then pulls
         more from the counter ``ctl[2]`` (zeroed by the caller); with an empty queue every
         program leaves after one load."""
         pid = tl.program_id(0)
@@ -869,20 +1036,21 @@ if triton is not None:
         if FIRST:
             _select_row(pid.to(tl.int64), tl.load(lengths_ptr + pid).to(tl.int32), logits_ptr, starts_ptr, out_ptr,
                         cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, K,
-                        KP, W, WCAP, STW, WHOLE, CH, BLOCK, RADIX_BITS, R, True, True, STATS, WB)
+                        KP, W, WCAP, STW, WHOLE, CH, BLOCK, RADIX_BITS, R, True, True, STATS, WB, PSPLIT)
         else:
             queued = tl.load(ctl_ptr + 1)
             i = pid
             while i < queued:
-                row = tl.load(ctl_ptr + 3 + i).to(tl.int64)
+                row = tl.load(ctl_ptr + 5 + i).to(tl.int64)
                 _select_row(row, tl.load(lengths_ptr + row).to(tl.int32), logits_ptr, starts_ptr, out_ptr, cand32_ptr,
                             cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W,
-                            WCAP, STW, WHOLE, CH, BLOCK, RADIX_BITS, R, False, True, STATS, WB)
+                            WCAP, STW, WHOLE, CH, BLOCK, RADIX_BITS, R, False, True, STATS, WB, 0)
                 i = tl.num_programs(0) + tl.atomic_add(ctl_ptr + 2, 1)
 
 
     SAMPLE_LAUNCHER = Launcher(sample_kernel)
     FILTER_LAUNCHER = Launcher(filter_kernel)
     SELECT_LAUNCHER = Launcher(select_kernel)
+    FALLBACK_LAUNCHER = Launcher(fallback_kernel)
 else:
-    SAMPLE_LAUNCHER = FILTER_LAUNCHER = SELECT_LAUNCHER = None
+    SAMPLE_LAUNCHER = FILTER_LAUNCHER = SELECT_LAUNCHER = FALLBACK_LAUNCHER = None

@@ -58,10 +58,10 @@ import torch
 
 from ... import envs as _envs
 from .config import (
-    SECOND_PROGRAMS_PER_SM, STAT_RETRIED, TopkConfig, _check_stats, _index_vector, is_nvidia, _programs, plan_launches,
+    FALLBACK_PROGRAMS_PER_SM, SECOND_PROGRAMS_PER_SM, STAT_RETRIED, STAT_SPLIT, TopkConfig, _check_stats, _index_vector, is_nvidia, _programs, plan_launches,
     auto_slices, launch_config,
 )
-from .kernels import FILTER_LAUNCHER, SAMPLE_LAUNCHER, SELECT_LAUNCHER, triton
+from .kernels import FALLBACK_LAUNCHER, FILTER_LAUNCHER, SAMPLE_LAUNCHER, SELECT_LAUNCHER, triton
 from .launch import At, device_guard
 
 
@@ -103,9 +103,11 @@ def ragged_topk(
         config: How to launch and sample (:class:`~.config.TopkConfig`; default
             :func:`~.config.launch_config` of the logits' device). The set does not depend
             on it.
-        stats: Optional contiguous int32 ``[4]`` or ``[5]`` on the logits' device; the kernel adds
-            each row to one counter (``STAT_SHORT``, ``STAT_SAMPLED``, ``STAT_PLAIN``,
-            ``STAT_WHOLE``) and, with a fifth entry, each retried row to ``STAT_RETRIED``.
+        stats: Optional contiguous int32 ``[4]``, ``[5]`` or ``[6]`` on the logits' device; the
+            kernel adds each row to one counter (``STAT_SHORT``, ``STAT_SAMPLED``,
+            ``STAT_PLAIN``, ``STAT_WHOLE``), with a fifth entry each retried row to
+            ``STAT_RETRIED`` and with a sixth each fallback row split across programs to
+            ``STAT_SPLIT``.
         direct_launch: On NVIDIA, launch a kernel's compiled variant directly once Triton's
             JIT has chosen it for the arguments' specialization (:mod:`.launch`: less host
             time a call). ``None``: ``INDEXER_TRITON_DIRECT_LAUNCH`` (on by default).
@@ -172,7 +174,8 @@ class RaggedTopk:
             slices = 1 if config.fused else auto_slices(device, rows, n, config.programs_per_sm)
         self.config = config
         self.plan = plan_launches(device, config, topk, n, slices, stats is not None,
-                          stats is not None and stats.numel() > STAT_RETRIED)
+                                  stats is not None and stats.numel() > STAT_RETRIED,
+                                  stats is not None and stats.numel() > STAT_SPLIT)
         # NVIDIA only: AMD's Triton also specializes on whether a tensor spans under 2 GB
         # (buffer ops), which the direct launches' key does not hold
         # (the flag is read, and so checked, everywhere)
@@ -186,7 +189,7 @@ class RaggedTopk:
         _, num_warps, cap = self.plan[:3]
         # (split rows: a list counter and a slices-done counter a row)
         self.counters = max(num_warps, 2)
-        self.scratch_numel = rows * cap + (rows * (self.counters + 6) + 4) // 2
+        self.scratch_numel = rows * cap + (rows * (self.counters + 7) + 6) // 2
         self.buf = None
 
     def bind(self, scratch: torch.Tensor) -> None:
@@ -200,7 +203,8 @@ class RaggedTopk:
         # one allocation: the candidate lists (an int64 slot: value bits, column), then int32
         # per-list counts, thresholds, their column cuts, the retry's thresholds and cuts, write
         # counters and ctl: [0] the filter's next row or slice (dynamic), [1] rows queued for the
-        # second select launch, [2] its next entry, [3:] the queue. The kernels index rows
+        # second select launch, [2] its next entry, [3] rows queued for the split fallback,
+        # [4] its next item, [5:5 + rows] the first queue, [5 + rows:] the second. The kernels index rows
         # themselves, so places in the flat buffer do (At: a view only where the JIT launches)
         lists = rows * cap
         self.buf = scratch
@@ -219,7 +223,7 @@ class RaggedTopk:
         # every argument but the logits, out and their row strides is fixed from here on: the
         # launches convert only those per call (0: placeholders, given at every call)
         rows, device, direct, index = self.rows, self.device, self.direct, self.device.index
-        programs_per_sm, _, _, sample_kw, filter_kw, retry_kw, selects = self.plan
+        programs_per_sm, _, _, sample_kw, filter_kw, retry_kw, selects, fallback_kw = self.plan
         starts, lens, cand32, buf = self.starts, self.lens, self.cand32, self.buf
         counts, thr, tcol, thr2, wpos, ctl = self.counts, self.thr, self.tcol, self.thr2, self.wpos, self.ctl
         stats = self.stats if self.stats is not None else lens
@@ -241,6 +245,11 @@ class RaggedTopk:
         for first, kw in selects:
             bound = SELECT_LAUNCHER.bind(select_args, kw, index, direct, (0, 3, 10, 11))
             launches.append((_select_grid(device, rows, first), bound, (0, 1, 2, 3)))
+        if fallback_kw is not None:
+            # programs enough for every slice of a few rows; an empty queue costs each two loads
+            args = (0, starts, lens, 0, cand32, ctl, wpos, stats, rows, 0, 0)
+            bound = FALLBACK_LAUNCHER.bind(args, fallback_kw, index, direct, (0, 3, 9, 10))
+            launches.append((_programs(device, rows * fallback_kw["NS"], FALLBACK_PROGRAMS_PER_SM), bound, (0, 1, 2, 3)))
         self.launches = tuple(launches)
 
     def __call__(self, logits: torch.Tensor, out: torch.Tensor) -> None:
@@ -259,13 +268,13 @@ class RaggedTopk:
             return
         if self.buf is None:
             self.bind(torch.empty(self.scratch_numel, dtype=torch.int64, device=device))
-        # only the write counters and ctl[0:3] need zeros; the sample kernel zeroes them, else
+        # only the write counters and ctl[0:5] need zeros; the sample kernel zeroes them, else
         # one fill does. A filtered row's counts and threshold are written before they are
         # read; the select also loads them for a row of the fallback path (shorter than
         # sample_min, never filtered), whose path is already set by its length: the values
         # read there are never used
         if self.plan[3] is None:
-            self.cand32[self.at_wpos: self.at_wpos + rows + 3].zero_()  # wpos and ctl[0:3], adjacent
+            self.cand32[self.at_wpos: self.at_wpos + rows + 5].zero_()  # wpos and ctl[0:5], adjacent
         values = (logits, out, logits.stride(0), out.stride(0))
         with device_guard(logits):
             for grid, launch, takes in self.launches:
