@@ -206,17 +206,22 @@ def _unseen(n, lo, count):
     return col[(col >= lo) & (col % 32 >= 8)][:count]
 
 
+def _hidden_large_keys(n, lo, count, seed):
+    # two whole rows of n normal keys with `count` large ones from `lo` on where SMALL_SAMPLE's
+    # sample does not look (_unseen): logits, starts, lengths
+    g = torch.Generator().manual_seed(seed)
+    vals = torch.randn(2, n, generator=g)
+    vals[:, _unseen(n, lo, count)] = 5.0 + torch.rand(count, generator=g)
+    return vals, torch.zeros(2, dtype=torch.int64), torch.full((2,), n, dtype=torch.int64)
+
+
 @pytest.mark.parametrize("slices", [1, 4])
 def test_candidate_overflow_falls_back_to_the_plain_select(slices):
     # 100 large keys where the sample does not look: the threshold lets all of them and more
     # through, more than the scratch holds; the row must not lose keys (slices: the shared
     # list's counter overflows instead of a warp's)
-    n, topk = 700, 16
-    g = torch.Generator().manual_seed(8)
-    vals = torch.randn(2, n, generator=g)
-    vals[:, _unseen(n, 100, 100)] = 5.0 + torch.rand(100, generator=g)
-    starts = torch.zeros(2, dtype=torch.int64)
-    lengths = torch.full((2,), n, dtype=torch.int64)
+    topk = 16
+    vals, starts, lengths = _hidden_large_keys(700, 100, 100, seed=8)
     stats = _check(vals.to(DEVICE), vals, starts, lengths, topk, cap=64, slices=slices, **SMALL_SAMPLE)
     assert stats[TC.STAT_PLAIN] == 2, stats
 
@@ -979,12 +984,8 @@ def test_overflowing_rows_take_the_split_fallback(slices):
     # 6144 large keys where the sample does not look overflow the lists (4 of 1024 slots, or
     # a split row's one of 4096): the rows leave the sampled path for the split fallback,
     # which must not lose keys
-    n, topk = 8192, 16
-    g = torch.Generator().manual_seed(9)
-    vals = torch.randn(2, n, generator=g)
-    vals[:, _unseen(n, 0, 6144)] = 5.0 + torch.rand(6144, generator=g)
-    starts = torch.zeros(2, dtype=torch.int64)
-    lengths = torch.full((2,), n, dtype=torch.int64)
+    topk = 16
+    vals, starts, lengths = _hidden_large_keys(8192, 0, 6144, seed=9)
     paths, split = _check_split(vals.to(DEVICE), vals, starts, lengths, topk, cap=4096, slices=slices,
                                 fallback_split=1024, fallback_slice=512, **SMALL_SAMPLE)
     assert paths[TC.STAT_PLAIN] == 2 and split == 2, (paths, split)
