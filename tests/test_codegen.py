@@ -111,6 +111,9 @@ def _topk_kernels(arch: str, presample: bool, fused: bool, slices: int) -> None:
     assert filter_kw["SL"] == slices
     assert not filter_kw["BALLOT"] and not filter_kw["WB"] and "maxnreg" not in filter_kw
     _compile(TK.filter_kernel, _FILTER_SIG, filter_kw, arch)
+    if not presample and not fused:
+        # the filter's own sample with its runs jittered (sample_jitter)
+        _compile(TK.filter_kernel, _FILTER_SIG, dict(filter_kw, JITTER=True), arch)
     if retry_kw is not None:
         _compile(TK.filter_kernel, _FILTER_SIG, retry_kw, arch)
     for _, kw in selects:
@@ -140,6 +143,7 @@ def _nvidia_topk_kernels(slices: int) -> None:
     if retry_kw is not None:
         _nvidia_compile(TK.filter_kernel, _FILTER_SIG, retry_kw, ())
     _nvidia_compile(TK.sample_kernel, _SAMPLE_SIG, sample_kw, ())
+    _nvidia_compile(TK.sample_kernel, _SAMPLE_SIG, dict(sample_kw, JITTER=True), ())
     for _, kw in selects:
         _nvidia_compile(TK.select_kernel, _SELECT_SIG, kw, ("vote.sync.ballot",) if kw["WB"] else ())
     # the split fallback's passes wait on a row's pass counter (an acquiring load or atomic) and

@@ -251,7 +251,8 @@ DIST_SAMPLE = dict(piece=8, sparse=4, pieces=128, sample_max=1024, cap=2048)
 
 
 @pytest.mark.parametrize("dist", LOGIT_DISTRIBUTIONS)
-@pytest.mark.parametrize("kw", [dict(), dict(presample=True), dict(slices=4), dict(slices=2, dynamic=True)])
+@pytest.mark.parametrize("kw", [dict(), dict(presample=True), dict(slices=4), dict(slices=2, dynamic=True),
+                                dict(sample_jitter=True), dict(sample_jitter=True, slices=4)])
 def test_every_distribution_selects_the_torch_set_in_one_filtering_pass(dist, kw):
     # ties (all equal, few distinct values, flat with outliers, ReLU zeros), ramps both ways,
     # a raised recent stretch, a sink at key 0: every row selects the torch set (lowest-index
@@ -997,3 +998,21 @@ def test_a_narrow_scratch_keeps_fallback_rows_in_the_select_launch():
     logits, masked, starts, lengths = _case(4, 800, 16, seed=2, min_length=400)
     paths, split = _check_split(logits, masked, starts, lengths, 16, **dict(SPLIT_FALLBACK, cap=64))
     assert paths[TC.STAT_PLAIN] == int((lengths > 16).sum()) and split == 0, (paths, split)
+
+
+@pytest.mark.parametrize("slices", [1, 4])
+def test_jittered_runs_sample_a_structure_with_their_period(slices):
+    # SMALL_SAMPLE's runs read keys 0-7 of every 32 (rows of 2048 keys); large keys at 16-23 of
+    # every 32 are never sampled, so the threshold lets all 512 through and the lists (64
+    # slots a warp, or a split row's 256) overflow into the fallback path. Runs jittered within
+    # their windows see them in proportion: the rows keep the sampled path. Same sets both ways
+    n, topk = 2048, 16
+    col = torch.arange(n)
+    g = torch.Generator().manual_seed(12)
+    vals = torch.randn(3, n, generator=g)
+    vals[:, (col % 32 >= 16) & (col % 32 < 24)] += 10.0
+    starts = torch.zeros(3, dtype=torch.int64)
+    lengths = torch.full((3,), n, dtype=torch.int64)
+    kw = dict(SMALL_SAMPLE, cap=256, slices=slices, fallback_split=0)
+    assert _check(vals.to(DEVICE), vals, starts, lengths, topk, **kw)[TC.STAT_PLAIN] == 3
+    assert _check(vals.to(DEVICE), vals, starts, lengths, topk, sample_jitter=True, **kw)[TC.STAT_SAMPLED] == 3

@@ -122,6 +122,9 @@ class TopkConfig:
             sampled keys reach it (0 to 64).
         sample_min: Rows longer than ``tile`` but shorter than this take the fallback path
             (for tests).
+        sample_jitter: Place each of the sample's runs at a pseudo-random multiple of 8 keys
+            within its window instead of at the window's start, so that a structure with the
+            runs' period (large keys every 512 columns) is sampled in proportion.
         fallback_split: Rows of at least this many keys that take the fallback path are
             split into slices of ``fallback_slice`` keys, a program each, in a launch of their
             own that is planned only for blocks at least this wide; ``0``: never (every
@@ -157,11 +160,12 @@ class TopkConfig:
     sample_low_bit: int = 8
     sample_slack: float = SAMPLE_SLACK
     sample_min: int = 0
+    sample_jitter: bool = False
     fallback_split: int = FALLBACK_SPLIT
     fallback_slice: int = FALLBACK_SLICE
 
     def __post_init__(self) -> None:
-        for name in ("fused", "tile_write", "dynamic", "ballot_write"):
+        for name in ("fused", "tile_write", "dynamic", "ballot_write", "sample_jitter"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("presample", "ballot"):
@@ -380,13 +384,14 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
         SLACK=float(c.sample_slack), LOW_BIT=c.sample_low_bit, BALLOT=bool(ballot), DEPTH=c.prefetch,
         DYNAMIC=bool(c.dynamic), FUSED=bool(fused), STW=tile // num_warps, CH=fused_ch, PRESAMPLE=presample,
         WB=fused_wb, num_warps=num_warps, **dict(common, W=num_warps), CAP=cap, SL=slices, RETRY=False,
-        SECOND=second, RETRIES=bool(count_retries), **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
+        SECOND=second, RETRIES=bool(count_retries), JITTER=c.sample_jitter,
+        **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
     sample_kw = None
     if presample:
         # up to 16 warps, 32 keys a thread at SAMPLE_MAX
         sample_kw = LaunchKw(K=topk, NP=runs, PIECE=piece, SPARSE=c.sparse, SIGMAS=float(c.sigmas),
                              SLACK=float(c.sample_slack), LOW_BIT=c.sample_low_bit, WHOLE=tile, SL=slices,
-                             SECOND=second, num_warps=max(1, min(16, runs * piece // 1024)))
+                             SECOND=second, JITTER=c.sample_jitter, num_warps=max(1, min(16, runs * piece // 1024)))
     # split rows retry in a launch of their own (rows strided over its programs)
     retry_kw = LaunchKw(filter_kw, RETRY=True, DYNAMIC=False) if slices > 1 else None
     fallback_kw = fallback_launch(topk, cap, n, c.fallback_split, c.fallback_slice, count_split) if not fused else None

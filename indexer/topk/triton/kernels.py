@@ -549,6 +549,7 @@ if triton is not None:
         RETRY: tl.constexpr,
         SECOND: tl.constexpr,
         RETRIES: tl.constexpr,
+        JITTER: tl.constexpr = False,
     ):
         """Rows longer than ``WHOLE`` (and at least ``sample_min``): the threshold
         ``(thr[row], tcol[row])`` (:func:`_sample_cut`) and the keys at or above it in lists
@@ -590,7 +591,7 @@ if triton is not None:
                 base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
                 cand = cand_ptr + row * CAP
                 if SL == 1:
-                    sidx, smask, s, spread = _row_sample(length, pp, pj, NP, PIECE, SPARSE)
+                    sidx, smask, s, spread = _row_sample(length, pp, pj, NP, PIECE, SPARSE, JITTER)
                     if PRESAMPLE:
                         t = tl.load(thr_ptr + row)
                         tc = tl.load(tcol_ptr + row)
@@ -659,17 +660,26 @@ if triton is not None:
         return (length > WHOLE) & (length >= sample_min)
 
     @triton.jit
-    def _row_sample(length, pp, pj, NP: tl.constexpr, PIECE: tl.constexpr, SPARSE: tl.constexpr):
+    def _row_sample(length, pp, pj, NP: tl.constexpr, PIECE: tl.constexpr, SPARSE: tl.constexpr,
+                    JITTER: tl.constexpr):
         """A row's sample: runs of ``PIECE`` keys (run ``pp``, key ``pj`` of it), one every
         ``SPARSE * PIECE`` keys and at most ``NP`` of them, spread evenly over its ``length``
         keys (the recent end no denser than the rest). Runs of a few sectors read little
         more than the keys they sample, and many runs leave no stretch of the row unseen (a
-        ramp, a run of recent keys scoring high). Returns the sampled columns, their mask
-        and count, and the spacing of the runs."""
+        ramp, a run of recent keys scoring high). Run ``j`` lies in the window of ``spread``
+        keys from ``j * spread``: at its start, or with ``JITTER`` at a multiple of 8 keys
+        within it taken from a golden-ratio sequence over the runs (runs at one fixed stride
+        miss every large key of a structure with the same period). Returns the sampled
+        columns, their mask and count, and the spacing of the runs."""
         runs = tl.minimum(tl.maximum(length // (SPARSE * PIECE), 1), NP)
         spread = length // runs
         plen = tl.minimum(spread, PIECE)
-        return pp * spread + pj, (pp < runs) & (pj < plen), runs * plen, spread
+        col = pp * spread + pj
+        if JITTER:
+            # (pp * 40503 may wrap: its low 16 bits still step by the golden ratio of 2**16)
+            h = ((pp * 40503) & 0xFFFF).to(tl.int64)
+            col += ((h * ((spread - plen) // 8 + 1)) >> 16).to(tl.int32) * 8
+        return col, (pp < runs) & (pj < plen), runs * plen, spread
 
     @triton.jit
     def sample_kernel(
@@ -685,6 +695,7 @@ if triton is not None:
         WHOLE: tl.constexpr,
         SL: tl.constexpr,
         SECOND: tl.constexpr,
+        JITTER: tl.constexpr = False,
     ):
         """The filter kernel's threshold ``(thr[row], tcol[row])`` of row ``program_id`` (if
         it filters the row), at its sample's rank (:func:`_run_rank`, :func:`_sample_cut`),
@@ -708,7 +719,7 @@ if triton is not None:
         if _sampled_row(length, sample_min, WHOLE):
             base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
             si = tl.arange(0, NP * PIECE)
-            sidx, smask, s, spread = _row_sample(length, si // PIECE, si % PIECE, NP, PIECE, SPARSE)
+            sidx, smask, s, spread = _row_sample(length, si // PIECE, si % PIECE, NP, PIECE, SPARSE, JITTER)
             skeys = _sample_keys(base, sidx, smask)
             t, tc = _sample_cut(skeys, sidx, _run_rank(K, s, length, SIGMAS, PIECE), length, spread, SLACK, LOW_BIT)
             tl.store(thr_ptr + row, t)
