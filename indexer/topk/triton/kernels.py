@@ -780,7 +780,9 @@ if triton is not None:
     @triton.jit
     def _fallback_item(base, obase, lo, hi, reg, wpos_ptr, s, p, K: tl.constexpr, BLOCK: tl.constexpr,
                        NSP: tl.constexpr):
-        """Pass ``p`` of a fallback row over its keys ``[lo, hi)`` (slice ``s``): ``p < 7``
+        """Pass ``p`` of a fallback row over its keys ``[lo, hi)`` (slice ``s``; every load of
+        what another item wrote is volatile: that item may have run on another SM, whose writes
+        a line left in this SM's L1 cache would hide): ``p < 7``
         adds the slice's histogram of digit ``p`` (among keys matching the digits above) to
         the row's, and keeps it at ``reg[_FB_ZEROED + NSP + 32 * s:]`` (a slice none of whose
         keys matched skips the later digits); ``p == 7`` writes the keys above the k-th and
@@ -799,7 +801,7 @@ if triton is not None:
             if p > 0:
                 pshift, pdmask = _digit_place(p - 1)
                 prev = (prefix >> pshift) & pdmask
-                mine = tl.sum(tl.where(bins == prev, tl.load(own + bins), 0), axis=0)
+                mine = tl.sum(tl.where(bins == prev, tl.load(own + bins, volatile=True), 0), axis=0)
             if mine > 0:
                 hist = tl.zeros((32,), tl.int32)
                 # the next block's load in flight while this one is counted
@@ -832,7 +834,7 @@ if triton is not None:
             else:
                 sl = tl.arange(0, NSP)
                 before = tl.sum(tl.load(reg + _FB_ZEROED + sl, mask=sl < s, other=0, volatile=True), axis=0)
-                c0 = tl.where(tl.load(reg + _FB_ZEROED + s) > 0, lo, hi)  # a slice without ties skips
+                c0 = tl.where(tl.load(reg + _FB_ZEROED + s, volatile=True) > 0, lo, hi)  # a slice without ties skips
                 while (c0 < hi) & (before < need):
                     i = c0 + tl.arange(0, BLOCK)
                     m = i < hi
