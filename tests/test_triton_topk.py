@@ -1016,3 +1016,16 @@ def test_jittered_runs_sample_a_structure_with_their_period(slices):
     kw = dict(SMALL_SAMPLE, cap=256, slices=slices, fallback_split=0)
     assert _check(vals.to(DEVICE), vals, starts, lengths, topk, **kw)[TC.STAT_PLAIN] == 3
     assert _check(vals.to(DEVICE), vals, starts, lengths, topk, sample_jitter=True, **kw)[TC.STAT_SAMPLED] == 3
+
+
+def test_split_fallback_plans_only_what_its_scratch_and_offsets_hold():
+    # no launch: turned off, blocks narrower than the split length, a cap too small for one
+    # slice's state, rows whose slice ends would wrap int32; else its state fits 2 * cap slots
+    assert TC.fallback_launch(2048, 8192, 1 << 20, 0, 16384) is None
+    assert TC.fallback_launch(2048, 8192, 30000, 32768, 16384) is None
+    assert TC.fallback_launch(16, 64, 1 << 20, 32768, 16384) is None
+    assert TC.fallback_launch(2048, 8192, (1 << 31) - 8192, 32768, 16384) is None
+    for cap, n in ((8192, 1 << 21), (8192, 1 << 28), (256, 1 << 20), (1 << 20, 1 << 30)):
+        kw = TC.fallback_launch(2048, cap, n, 32768, 16384)
+        assert kw["NS"] * kw["SLICE"] >= n and kw["NSP"] >= kw["NS"]
+        assert TC.FALLBACK_STATE + kw["NSP"] + 32 * kw["NS"] <= 2 * cap, (cap, n, kw)

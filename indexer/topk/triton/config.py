@@ -405,7 +405,8 @@ def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, co
     where none is planned: ``split`` is 0 or above ``n``. Its per-row state (seven 32-bin digit
     histograms, a pass counter, a key count and a digit histogram a slice) lives in a fallback
     row's ``2 * cap`` int32 candidate slots, so slices grow past ``slice_keys`` where a row would
-    need more of them than fit; a ``cap`` too small for one slice's state rules the launch out.
+    need more of them than fit; a ``cap`` too small for one slice's state, or rows within two
+    slices of 2**31 keys (int32 column offsets), rule the launch out.
     ``count``: it adds each row to ``stats[STAT_SPLIT]``."""
     if split == 0 or n < split or 2 * cap < FALLBACK_STATE + 66:
         return None
@@ -413,6 +414,9 @@ def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, co
     room = (2 * cap - FALLBACK_STATE) // 66
     slice_keys = max(slice_keys, _next_pow2(-(-n // room)))
     slices = -(-n // slice_keys)
+    if n + 2 * slice_keys >= 1 << 31:
+        # its int32 column offsets (a slice's end, the block loaded ahead) would wrap
+        return None
     return LaunchKw(K=topk, REGION=2 * cap, SLICE=slice_keys, BLOCK=min(FALLBACK_BLOCK, slice_keys), NS=slices,
                     NSP=_next_pow2(slices), COUNT=bool(count), num_warps=4)
 
