@@ -55,8 +55,9 @@ STAT_SPLIT = 5
 #: ``FALLBACK_PROGRAMS_PER_SM`` programs an SM take the items.
 FALLBACK_SPLIT, FALLBACK_SLICE, FALLBACK_PROGRAMS_PER_SM = 32768, 16384, 8
 #: Keys a step of the split fallback's passes; int32 slots of a row's state before its
-#: per-slice counts (seven 32-bin digit histograms, a pass counter).
-FALLBACK_BLOCK, FALLBACK_STATE = 2048, 7 * 32 + 1
+#: per-slice counts (seven 32-bin digit histograms, a pass counter); slots budgeted a slice:
+#: twice its key count and 32-bin histogram, room for the counts' padding to a power of two.
+FALLBACK_BLOCK, FALLBACK_STATE, FALLBACK_SLICE_SLOTS = 2048, 7 * 32 + 1, 2 * (1 + 32)
 
 
 def _int(x) -> bool:
@@ -408,10 +409,9 @@ def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, co
     need more of them than fit; a ``cap`` too small for one slice's state, or rows within two
     slices of 2**31 keys (int32 column offsets), rule the launch out.
     ``count``: it adds each row to ``stats[STAT_SPLIT]``."""
-    if split == 0 or n < split or 2 * cap < FALLBACK_STATE + 66:
+    room = (2 * cap - FALLBACK_STATE) // FALLBACK_SLICE_SLOTS
+    if split == 0 or n < split or room < 1:
         return None
-    # a slice's key count and last digit histogram (33 slots); the counts padded to a power of two
-    room = (2 * cap - FALLBACK_STATE) // 66
     slice_keys = max(slice_keys, _next_pow2(-(-n // room)))
     slices = -(-n // slice_keys)
     if n + 2 * slice_keys >= 1 << 31:

@@ -7,7 +7,7 @@ imports (``SAMPLE_LAUNCHER``, ``FILTER_LAUNCHER``, ``SELECT_LAUNCHER``, ``FALLBA
 
 from __future__ import annotations
 
-from .config import SEARCH_BISECT_AFTER, SEARCH_SPAN
+from .config import FALLBACK_STATE, SEARCH_BISECT_AFTER, SEARCH_SPAN
 from .launch import Launcher
 from .ptx import _WARP_RANKS_PTX, _WARP_STORE_PTX, _shared_append_ptx, _warp_append_ptx
 
@@ -30,8 +30,9 @@ if triton is not None:
     _SPAN = tl.constexpr(SEARCH_SPAN)
     # a queued fallback row's slots: its seven 32-bin digit histograms and pass counter,
     # zeroed when it is queued, then a key count a slice
-    _FB_DONE = tl.constexpr(224)
-    _FB_ZEROED = tl.constexpr(225)
+    _FB_DONE = tl.constexpr(FALLBACK_STATE - 1)
+    _FB_ZEROED = tl.constexpr(FALLBACK_STATE)
+    _FB_ZERO_TILE = tl.constexpr(1 << (FALLBACK_STATE - 1).bit_length())
 
     @triton.jit
     def _skey(v):
@@ -305,6 +306,15 @@ if triton is not None:
         return x.to(tl.int32), (x >> 32).to(tl.int32)
 
     @triton.jit
+    def _top_bin(hist, bins, need):
+        """The bin of a digit histogram ``hist`` (over ``bins``) that holds the ``need``-th
+        largest key: the largest bin whose keys and those above it still reach ``need``; and
+        how many keys of that bin are still needed."""
+        suffix = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+        b = tl.max(tl.where(suffix >= need, bins, -1), axis=0)
+        return b, need - tl.sum(tl.where(bins > b, hist, 0), axis=0)
+
+    @triton.jit
     def _kth_largest(ptr, n, need, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr, R: tl.constexpr):
         """The fallback path's select: key (:func:`_skey`) of the ``need``-th largest of
         ``ptr[0:n]``, and how many keys equal to it are among the ``need``. Radix select,
@@ -324,12 +334,8 @@ if triton is not None:
                 match = m & ((u & prefix_mask) == prefix)
                 # bins R..2R-1 collect what does not match (cheaper than the histogram's mask)
                 hist += tl.histogram(tl.where(match, (u >> shift) & digit_mask, R), 2 * R)
-            hist = tl.where(bins < R, hist, 0)
-            # suffix[d] = keys whose digit is >= d; the wanted key sits in the largest bin
-            # whose suffix still reaches `need`
-            suffix = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
-            b = tl.max(tl.where((bins < R) & (suffix >= need), bins, -1), axis=0)
-            need -= tl.sum(tl.where(bins > b, hist, 0), axis=0)
+            # (the bins past R, zeroed, never reach `need`, which stays at least 1)
+            b, need = _top_bin(tl.where(bins < R, hist, 0), bins, need)
             prefix = prefix | (b << shift)
             prefix_mask = prefix_mask | (digit_mask << shift)
         return prefix ^ -2147483648, need
@@ -748,8 +754,8 @@ if triton is not None:
         # row's lists are never read again)
         rows = tl.num_programs(0)
         tl.store(ctl_ptr + 5 + rows + tl.atomic_add(ctl_ptr + 3, 1), row.to(tl.int32))
-        z = tl.arange(0, 256)
-        tl.store(cand32_ptr + row * REGION + z, tl.zeros((256,), tl.int32), mask=z < _FB_ZEROED)
+        z = tl.arange(0, _FB_ZERO_TILE)
+        tl.store(cand32_ptr + row * REGION + z, tl.zeros((_FB_ZERO_TILE,), tl.int32), mask=z < _FB_ZEROED)
 
     @triton.jit
     def _digit_place(j):
@@ -767,27 +773,32 @@ if triton is not None:
         pmask = tl.full((), 0, tl.int32)
         need = need + tl.zeros((), tl.int32)
         for j in range(0, passes):
-            h = tl.load(reg + 32 * j + bins, volatile=True)
-            # the largest digit whose keys and those above still reach `need`
-            suffix = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h
-            b = tl.max(tl.where(suffix >= need, bins, -1), axis=0)
-            need -= tl.sum(tl.where(bins > b, h, 0), axis=0)
+            b, need = _top_bin(tl.load(reg + 32 * j + bins, volatile=True), bins, need)
             shift, dmask = _digit_place(j)
             prefix = prefix | (b << shift)
             pmask = pmask | (dmask << shift)
         return prefix, pmask, need
 
     @triton.jit
+    def _append_out(obase, wpos_ptr, sel, col):
+        # the selected columns of a block after the row's indices so far: slots from the
+        # row's write counter (other slices of the row write at the same time)
+        n = tl.sum(sel.to(tl.int32), axis=0)
+        if n > 0:
+            at = tl.atomic_add(wpos_ptr, n)
+            tl.store(obase + at + tl.cumsum(sel.to(tl.int32), axis=0) - 1, col, mask=sel)
+
+    @triton.jit
     def _fallback_item(base, obase, lo, hi, reg, wpos_ptr, s, p, K: tl.constexpr, BLOCK: tl.constexpr,
                        NSP: tl.constexpr):
-        """Pass ``p`` of a fallback row over its keys ``[lo, hi)`` (slice ``s``; every load of
-        what another item wrote is volatile: that item may have run on another SM, whose writes
-        a line left in this SM's L1 cache would hide): ``p < 7``
-        adds the slice's histogram of digit ``p`` (among keys matching the digits above) to
-        the row's, and keeps it at ``reg[_FB_ZEROED + NSP + 32 * s:]`` (a slice none of whose
-        keys matched skips the later digits); ``p == 7`` writes the keys above the k-th and
-        counts the slice's keys equal to it; ``p == 8`` writes the ties the slices before left
-        to take, lowest columns first. Indices go to slots from the row's write counter."""
+        """Pass ``p`` of a fallback row over its keys ``[lo, hi)`` (slice ``s``): ``p < 7`` adds
+        the slice's histogram of digit ``p`` (among keys matching the digits above) to the
+        row's, and keeps it at ``reg[_FB_ZEROED + NSP + 32 * s:]`` (a slice none of whose keys
+        matched skips the later digits); ``p == 7`` writes the keys above the k-th and counts
+        the slice's keys equal to it; ``p == 8`` writes the ties the slices before left to take,
+        lowest columns first. Indices go to slots from the row's write counter. Every load of
+        what another item wrote is volatile: that item may have run on another SM, whose
+        writes a line left in this SM's L1 cache would hide."""
         if p < 7:
             # 5-bit digits: the histogram's time grows with its bins (512 or 4096 bins measured
             # slower than seven passes of 32, docs/topk.md)
@@ -816,7 +827,7 @@ if triton is not None:
                 tl.store(own + bins, hist)
                 tl.atomic_add(reg + 32 * p + bins, hist, mask=hist > 0, sem="relaxed")
         else:
-            prefix, pmask, need = _fallback_digits(reg, 7, K)
+            prefix, _, need = _fallback_digits(reg, 7, K)
             kth = prefix ^ -2147483648
             if p == 7:
                 eqn = tl.full((), 0, tl.int32)
@@ -824,11 +835,7 @@ if triton is not None:
                     i = c0 + tl.arange(0, BLOCK)
                     m = i < hi
                     key = _skey(tl.load(base + i, mask=m, other=0.0))
-                    gt = m & (key > kth)
-                    ngt = tl.sum(gt.to(tl.int32), axis=0)
-                    if ngt > 0:
-                        at = tl.atomic_add(wpos_ptr, ngt)
-                        tl.store(obase + at + tl.cumsum(gt.to(tl.int32), axis=0) - 1, i, mask=gt)
+                    _append_out(obase, wpos_ptr, m & (key > kth), i)
                     eqn += tl.sum((m & (key == kth)).to(tl.int32), axis=0)
                 tl.store(reg + _FB_ZEROED + s, eqn)
             else:
@@ -839,11 +846,7 @@ if triton is not None:
                     i = c0 + tl.arange(0, BLOCK)
                     m = i < hi
                     eq = (m & (_skey(tl.load(base + i, mask=m, other=0.0)) == kth)).to(tl.int32)
-                    take = (eq > 0) & (before + tl.cumsum(eq, axis=0) <= need)
-                    nt = tl.sum(take.to(tl.int32), axis=0)
-                    if nt > 0:
-                        at = tl.atomic_add(wpos_ptr, nt)
-                        tl.store(obase + at + tl.cumsum(take.to(tl.int32), axis=0) - 1, i, mask=take)
+                    _append_out(obase, wpos_ptr, (eq > 0) & (before + tl.cumsum(eq, axis=0) <= need), i)
                     before += tl.sum(eq, axis=0)
                     c0 += BLOCK
 
@@ -866,7 +869,7 @@ if triton is not None:
         (:func:`_fallback_item`).
         Every program takes the next (pass, row, slice) item from the counter ``ctl[4]``,
         passes in order, and waits until the row's previous pass is done (its counter at
-        ``reg[224]``, ``REGION`` int32 slots a row from ``cand32``). Items are taken in that
+        ``reg[_FB_DONE]``, ``REGION`` int32 slots a row from ``cand32``). Items are taken in that
         order, so an awaited item is always held by a running program: a program never waits
         on one that has not started, and the grid need not fit the GPU at once. An empty
         queue costs a program two loads. ``COUNT``: each row adds 1 to ``stats[5]``."""

@@ -58,8 +58,8 @@ import torch
 
 from ... import envs as _envs
 from .config import (
-    FALLBACK_PROGRAMS_PER_SM, SECOND_PROGRAMS_PER_SM, STAT_RETRIED, STAT_SPLIT, TopkConfig, _check_stats, _index_vector, is_nvidia, _programs, plan_launches,
-    auto_slices, launch_config,
+    FALLBACK_PROGRAMS_PER_SM, SECOND_PROGRAMS_PER_SM, STAT_RETRIED, STAT_SPLIT, TopkConfig, _check_stats,
+    _index_vector, is_nvidia, _programs, plan_launches, auto_slices, launch_config,
 )
 from .kernels import FALLBACK_LAUNCHER, FILTER_LAUNCHER, SAMPLE_LAUNCHER, SELECT_LAUNCHER, triton
 from .launch import At, device_guard
@@ -204,8 +204,9 @@ class RaggedTopk:
         # per-list counts, thresholds, their column cuts, the retry's thresholds and cuts, write
         # counters and ctl: [0] the filter's next row or slice (dynamic), [1] rows queued for the
         # second select launch, [2] its next entry, [3] rows queued for the split fallback,
-        # [4] its next item, [5:5 + rows] the first queue, [5 + rows:] the second. The kernels index rows
-        # themselves, so places in the flat buffer do (At: a view only where the JIT launches)
+        # [4] its next item, [5:5 + rows] the first queue, [5 + rows:] the second. The kernels
+        # index rows themselves, so places in the flat buffer do (At: a view only where the JIT
+        # launches)
         lists = rows * cap
         self.buf = scratch
         cand32 = self.cand32 = scratch.view(torch.int32)
@@ -249,7 +250,8 @@ class RaggedTopk:
             # programs enough for every slice of a few rows; an empty queue costs each two loads
             args = (0, starts, lens, 0, cand32, ctl, wpos, stats, rows, 0, 0)
             bound = FALLBACK_LAUNCHER.bind(args, fallback_kw, index, direct, (0, 3, 9, 10))
-            launches.append((_programs(device, rows * fallback_kw["NS"], FALLBACK_PROGRAMS_PER_SM), bound, (0, 1, 2, 3)))
+            grid = _programs(device, rows * fallback_kw["NS"], FALLBACK_PROGRAMS_PER_SM)
+            launches.append((grid, bound, (0, 1, 2, 3)))
         self.launches = tuple(launches)
 
     def __call__(self, logits: torch.Tensor, out: torch.Tensor) -> None:
