@@ -124,7 +124,10 @@ def _topk_kernels(arch: str, presample: bool, fused: bool, slices: int) -> None:
     # 64K-key rows: the split fallback is planned unless the select is fused into the filter
     assert (fallback_kw is None) == fused
     if fallback_kw is not None:
+        assert fallback_kw["BUF"] > 0
         _compile(TK.fallback_kernel, _FALLBACK_SIG, fallback_kw, arch)
+        # without the buffer (fallback_buffer=0)
+        _compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, BUF=0), arch)
 
 
 def _nvidia_topk_kernels(slices: int) -> None:
@@ -149,6 +152,7 @@ def _nvidia_topk_kernels(slices: int) -> None:
     # the split fallback's passes wait on a row's pass counter (an acquiring load or atomic) and
     # release it
     _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, fallback_kw, (".acquire.", ".release."))
+    _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, BUF=0), (".acquire.", ".release."))
 
 
 def _logits_kernels(arch: str) -> None:

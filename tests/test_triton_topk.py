@@ -938,19 +938,27 @@ def _check_split(logits, masked, starts, lengths, topk, **kw):
     return stats[:4], stats[TC.STAT_SPLIT]
 
 
+# the split fallback's buffer: none (every digit pass, then the two write passes), 16 keys (a
+# row moves to it after a few digits, or never where its k-th key is tied more often) and the
+# default (most rows of these tests fit it after their first digit)
+BUFFERS = [0, 16, TC.FALLBACK_BUFFER]
+
+
+@pytest.mark.parametrize("buffer", BUFFERS)
 @pytest.mark.parametrize("quantize", [None, 4.0, 0.25])
-def test_split_fallback_selects_the_torch_set(quantize):
+def test_split_fallback_selects_the_torch_set(quantize, buffer):
     # ragged windows, an empty row and one of exactly k keys; rows below and above the split
     # length; ties at the k-th key spanning slices (quantize 0.25: almost every key tied)
     topk = 40
     logits, masked, starts, lengths = _case(10, 1500, topk, seed=11, quantize=quantize, pad=3, min_length=100)
-    paths, split = _check_split(logits, masked, starts, lengths, topk, **SPLIT_FALLBACK)
+    paths, split = _check_split(logits, masked, starts, lengths, topk, **SPLIT_FALLBACK, fallback_buffer=buffer)
     assert paths[TC.STAT_PLAIN] == int((lengths > topk).sum()), paths
     assert split == int((lengths >= 300).sum()) and split >= 5, (split, lengths)
 
 
+@pytest.mark.parametrize("buffer", BUFFERS)
 @pytest.mark.parametrize("dist", LOGIT_DISTRIBUTIONS)
-def test_split_fallback_selects_the_torch_set_on_every_distribution(dist):
+def test_split_fallback_selects_the_torch_set_on_every_distribution(dist, buffer):
     # ties across the whole row (equal, few distinct, flat with outliers, ReLU zeros), ramps,
     # NaN-free extremes: digit histograms of one bin, k-th keys tied across every slice
     rows, n, topk = 3, 2000, 64
@@ -960,11 +968,13 @@ def test_split_fallback_selects_the_torch_set_on_every_distribution(dist):
     col = torch.arange(n)
     inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
     masked = torch.where(inside, logits, float("-inf"))
-    paths, split = _check_split(logits.to(DEVICE), masked, starts, lengths, topk, **SPLIT_FALLBACK)
+    paths, split = _check_split(logits.to(DEVICE), masked, starts, lengths, topk, **SPLIT_FALLBACK,
+                                fallback_buffer=buffer)
     assert split == rows, (paths, split)
 
 
-def test_split_fallback_orders_special_values_like_floats():
+@pytest.mark.parametrize("buffer", BUFFERS)
+def test_split_fallback_orders_special_values_like_floats(buffer):
     # NaNs above everything, signed zeros tied, infinities and subnormals, both signs
     tiny = torch.finfo(torch.float32).tiny
     special = torch.tensor([0.0, -0.0, float("-inf"), float("inf"), float("nan"), 3e38, -3e38, tiny / 4, -tiny / 4,
@@ -976,19 +986,21 @@ def test_split_fallback_orders_special_values_like_floats():
     col = torch.arange(1100)
     inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
     masked = torch.where(inside, vals, float("-inf"))
-    paths, split = _check_split(vals.to(DEVICE), masked, starts, lengths, 200, **SPLIT_FALLBACK)
+    paths, split = _check_split(vals.to(DEVICE), masked, starts, lengths, 200, **SPLIT_FALLBACK,
+                                fallback_buffer=buffer)
     assert split == 3, (paths, split)
 
 
+@pytest.mark.parametrize("buffer", [0, 64])
 @pytest.mark.parametrize("slices", [1, 4])
-def test_overflowing_rows_take_the_split_fallback(slices):
+def test_overflowing_rows_take_the_split_fallback(slices, buffer):
     # 6144 large keys where the sample does not look overflow the lists (4 of 1024 slots, or
     # a split row's one of 4096): the rows leave the sampled path for the split fallback,
     # which must not lose keys
     topk = 16
     vals, starts, lengths = _hidden_large_keys(8192, 0, 6144, seed=9)
     paths, split = _check_split(vals.to(DEVICE), vals, starts, lengths, topk, cap=4096, slices=slices,
-                                fallback_split=1024, fallback_slice=512, **SMALL_SAMPLE)
+                                fallback_split=1024, fallback_slice=512, fallback_buffer=buffer, **SMALL_SAMPLE)
     assert paths[TC.STAT_PLAIN] == 2 and split == 2, (paths, split)
 
 
@@ -1018,9 +1030,27 @@ def test_jittered_runs_sample_a_structure_with_their_period(slices):
     assert _check(vals.to(DEVICE), vals, starts, lengths, topk, sample_jitter=True, **kw)[TC.STAT_SAMPLED] == 3
 
 
+@pytest.mark.parametrize("top", [16, 17])
+def test_split_fallback_buffer_takes_a_bin_of_exactly_its_size(top):
+    # `top` keys in [2, 3) over slices of a row whose other keys lie in (-2, 2): the k-th
+    # key's first digit (sign and top exponent bits) leaves exactly `top` candidates. A
+    # 16-key buffer takes 16 of them after that digit; 17 go on to the next digits (a buffer
+    # filled one past its end would lose the largest, in the last column)
+    n, topk = 2000, 8
+    g = torch.Generator().manual_seed(top)
+    vals = (torch.randn(2, n, generator=g) * 0.3).clamp(-1.9, 1.9)
+    cols = 50 + 110 * torch.arange(top)
+    vals[:, cols] = 2.0 + 0.01 * torch.arange(top, dtype=torch.float32)
+    starts = torch.zeros(2, dtype=torch.int64)
+    lengths = torch.full((2,), n, dtype=torch.int64)
+    paths, split = _check_split(vals.to(DEVICE), vals, starts, lengths, topk, **SPLIT_FALLBACK, fallback_buffer=16)
+    assert split == 2, (paths, split)
+
+
 def test_split_fallback_plans_only_what_its_scratch_and_offsets_hold():
     # no launch: turned off, blocks narrower than the split length, a cap too small for one
-    # slice's state, rows whose slice ends would wrap int32; else its state fits 2 * cap slots
+    # slice's state, rows whose slice ends would wrap int32; else its state and buffer fit
+    # 2 * cap slots
     assert TC.fallback_launch(2048, 8192, 1 << 20, 0, 16384) is None
     assert TC.fallback_launch(2048, 8192, 30000, 32768, 16384) is None
     assert TC.fallback_launch(16, 64, 1 << 20, 32768, 16384) is None
@@ -1028,4 +1058,10 @@ def test_split_fallback_plans_only_what_its_scratch_and_offsets_hold():
     for cap, n in ((8192, 1 << 21), (8192, 1 << 28), (256, 1 << 20), (1 << 20, 1 << 30)):
         kw = TC.fallback_launch(2048, cap, n, 32768, 16384)
         assert kw["NS"] * kw["SLICE"] >= n and kw["NSP"] >= kw["NS"]
-        assert TC.FALLBACK_STATE + kw["NSP"] + 32 * kw["NS"] <= 2 * cap, (cap, n, kw)
+        assert TC.FALLBACK_STATE + kw["NSP"] + 32 * kw["NS"] + 2 * kw["BUF"] <= 2 * cap, (cap, n, kw)
+        assert kw["BUF"] == 0 or (kw["BUF"] & (kw["BUF"] - 1) == 0 and 16 <= kw["BUF"] <= TC.FALLBACK_BUFFER)
+    # the whole buffer where it fits; less where the slices' state leaves less; none if asked
+    assert TC.fallback_launch(2048, 8192, 1 << 20, 32768, 16384)["BUF"] == TC.FALLBACK_BUFFER
+    assert TC.fallback_launch(2048, 8192, 1 << 21, 32768, 16384)["BUF"] == TC.FALLBACK_BUFFER
+    assert TC.fallback_launch(2048, 256, 1 << 20, 32768, 16384)["BUF"] == 64
+    assert TC.fallback_launch(2048, 8192, 1 << 20, 32768, 16384, buffer=0)["BUF"] == 0

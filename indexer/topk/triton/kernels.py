@@ -28,8 +28,17 @@ if triton is not None:
     _SHARED_APPEND_CUT_ASM = tl.constexpr(_shared_append_ptx(True))
     _BISECT_AFTER = tl.constexpr(SEARCH_BISECT_AFTER)
     _SPAN = tl.constexpr(SEARCH_SPAN)
-    # a queued fallback row's slots: its seven 32-bin digit histograms and pass counter,
-    # zeroed when it is queued, then a key count a slice
+    # a queued fallback row's slots, zeroed when it is queued: its seven 32-bin digit
+    # histograms; its buffer's key count; the pass that fills the buffer; the digits found so
+    # far, their mask and the keys still needed among those matching them; its passes ready
+    # to start and its items done. Then a key count a slice, a digit histogram a slice and
+    # the buffer
+    _FB_BUFN = tl.constexpr(7 * 32)
+    _FB_FILLED = tl.constexpr(7 * 32 + 1)
+    _FB_PREFIX = tl.constexpr(7 * 32 + 2)
+    _FB_PMASK = tl.constexpr(7 * 32 + 3)
+    _FB_NEED = tl.constexpr(7 * 32 + 4)
+    _FB_READY = tl.constexpr(7 * 32 + 5)
     _FB_DONE = tl.constexpr(FALLBACK_STATE - 1)
     _FB_ZEROED = tl.constexpr(FALLBACK_STATE)
     _FB_ZERO_TILE = tl.constexpr(1 << (FALLBACK_STATE - 1).bit_length())
@@ -763,21 +772,74 @@ if triton is not None:
         return tl.where(j < 6, 27 - 5 * j, 0), tl.where(j < 6, 31, 3)
 
     @triton.jit
-    def _fallback_digits(reg, passes, need):
-        """The top ``passes`` digits (5 bits each, the last 2) of a fallback row's
-        ``need``-th largest key (on the key's unsigned form, sign bit flipped), from the row's
-        32-bin digit histograms at ``reg[32 * j:]`` (written by other programs' atomics: read
-        past the L1 cache): ``(prefix, its mask, keys still needed among those matching it)``."""
-        bins = tl.arange(0, 32)
-        prefix = tl.full((), 0, tl.int32)
-        pmask = tl.full((), 0, tl.int32)
-        need = need + tl.zeros((), tl.int32)
-        for j in range(0, passes):
-            b, need = _top_bin(tl.load(reg + 32 * j + bins, volatile=True), bins, need)
-            shift, dmask = _digit_place(j)
-            prefix = prefix | (b << shift)
-            pmask = pmask | (dmask << shift)
-        return prefix, pmask, need
+    def _fallback_next(reg, p, K: tl.constexpr, BUF: tl.constexpr):
+        """Run once a fallback row's pass ``p`` is done, by the program of its last item: after
+        a digit pass (``p < 7``, the buffer not chosen), the row's digit ``p`` of its k-th
+        largest key (5 bits, the last 2, on the key's unsigned form: sign bit flipped) from the
+        row's 32-bin histogram of it at ``reg[32 * p:]``, added to the digits found so far
+        (``reg[_FB_PREFIX]``, their mask ``reg[_FB_PMASK]``), and the keys still needed among
+        those matching them (``reg[_FB_NEED]``); with ``BUF``, where the digit's bin holds at
+        most ``BUF`` keys (one of the top six digits), pass ``p + 1`` is to move them to the
+        buffer (``reg[_FB_FILLED]``). The histogram was added to by other programs' atomics:
+        it is read past the L1 cache."""
+        filled = tl.load(reg + _FB_FILLED, volatile=True)
+        if (p < 7) & (filled == 0):
+            bins = tl.arange(0, 32)
+            hist = tl.load(reg + 32 * p + bins, volatile=True)
+            need = tl.where(p == 0, K, tl.load(reg + _FB_NEED, volatile=True))
+            b, rest = _top_bin(hist, bins, need)
+            shift, dmask = _digit_place(p)
+            tl.store(reg + _FB_PREFIX, tl.load(reg + _FB_PREFIX, volatile=True) | (b << shift))
+            tl.store(reg + _FB_PMASK, tl.load(reg + _FB_PMASK, volatile=True) | (dmask << shift))
+            tl.store(reg + _FB_NEED, rest)
+            if BUF > 0:
+                inbin = tl.sum(tl.where(bins == b, hist, 0), axis=0)
+                if (p < 6) & (inbin <= BUF):
+                    tl.store(reg + _FB_FILLED, p + 1)
+
+    @triton.jit
+    def _fallback_fill(base, obase, lo, hi, reg, wpos_ptr, buf, prefix, pmask, BLOCK: tl.constexpr,
+                       BUF: tl.constexpr):
+        """Keys ``[lo, hi)`` of a fallback row whose digits found leave at most ``BUF`` keys
+        matching ``prefix`` (under ``pmask``): the keys above those to the row's indices, the
+        keys matching it (the key, then its column ``BUF`` slots on) to the buffer ``buf``,
+        slots from its count ``reg[_FB_BUFN]``."""
+        # the matching keys are one range of signed keys (the unsigned form's top bits fixed)
+        least = prefix ^ -2147483648
+        most = (prefix | ~pmask) ^ -2147483648
+        for c0 in range(lo, hi, BLOCK):
+            i = c0 + tl.arange(0, BLOCK)
+            m = i < hi
+            key = _skey(tl.load(base + i, mask=m, other=0.0))
+            _append_out(obase, wpos_ptr, m & (key > most), i)
+            inside = (m & (key >= least) & (key <= most)).to(tl.int32)
+            n = tl.sum(inside, axis=0)
+            if n > 0:
+                at = tl.atomic_add(reg + _FB_BUFN, n) + tl.cumsum(inside, axis=0) - 1
+                tl.store(buf + at, key, mask=inside > 0)
+                tl.store(buf + BUF + at, i, mask=inside > 0)
+
+    @triton.jit
+    def _fallback_finish(obase, reg, wpos_ptr, buf, prefix, pmask, need, BUF: tl.constexpr):
+        """The ``need`` largest of a fallback row's buffered keys (``reg[_FB_BUFN]`` of them at
+        ``buf``, their columns ``BUF`` slots on), ties by lowest column, to the row's indices:
+        each key and column as one int64, key high and column reversed low, so that the keys
+        are distinct and ordered as the row's selection orders them; the ``need``-th largest
+        found by bisection between the least and the greatest the digits allow."""
+        i = tl.arange(0, BUF)
+        m = i < tl.load(reg + _FB_BUFN, volatile=True)
+        key = tl.load(buf + i, mask=m, other=0, volatile=True)
+        col = tl.load(buf + BUF + i, mask=m, other=0, volatile=True)
+        both = tl.where(m, (key.to(tl.int64) << 32) | (2147483647 - col).to(tl.int64), -9223372036854775807 - 1)
+        lo = (prefix ^ -2147483648).to(tl.int64) << 32
+        hi = (((prefix | ~pmask) ^ -2147483648).to(tl.int64) << 32) | 2147483647
+        while lo < hi:
+            mid = lo + ((hi - lo + 1) >> 1)
+            if tl.sum((both >= mid).to(tl.int32), axis=0) >= need:
+                lo = mid
+            else:
+                hi = mid - 1
+        _append_out(obase, wpos_ptr, m & (both >= lo), col)
 
     @triton.jit
     def _append_out(obase, wpos_ptr, sel, col):
@@ -789,20 +851,37 @@ if triton is not None:
             tl.store(obase + at + tl.cumsum(sel.to(tl.int32), axis=0) - 1, col, mask=sel)
 
     @triton.jit
-    def _fallback_item(base, obase, lo, hi, reg, wpos_ptr, s, p, K: tl.constexpr, BLOCK: tl.constexpr,
-                       NSP: tl.constexpr):
-        """Pass ``p`` of a fallback row over its keys ``[lo, hi)`` (slice ``s``): ``p < 7`` adds
-        the slice's histogram of digit ``p`` (among keys matching the digits above) to the
-        row's, and keeps it at ``reg[_FB_ZEROED + NSP + 32 * s:]`` (a slice none of whose keys
-        matched skips the later digits); ``p == 7`` writes the keys above the k-th and counts
-        the slice's keys equal to it; ``p == 8`` writes the ties the slices before left to take,
-        lowest columns first. Indices go to slots from the row's write counter. Every load of
-        what another item wrote is volatile: that item may have run on another SM, whose
-        writes a line left in this SM's L1 cache would hide."""
-        if p < 7:
+    def _fallback_item(base, obase, lo, hi, reg, wpos_ptr, s, p, BLOCK: tl.constexpr, NS: tl.constexpr,
+                       NSP: tl.constexpr, BUF: tl.constexpr):
+        """Pass ``p`` of a fallback row over its keys ``[lo, hi)`` (slice ``s``), with the digits
+        found before it (:func:`_fallback_next`): ``p < 7`` adds the slice's histogram of digit
+        ``p`` (among keys matching the digits above) to the row's, and keeps it at
+        ``reg[_FB_ZEROED + NSP + 32 * s:]`` (a slice none of whose keys matched skips the later
+        digits); ``p == 7`` writes the keys above the k-th and counts the slice's keys equal
+        to it; ``p == 8`` writes the ties the slices before left to take, lowest columns first.
+        With ``BUF``, once the digits leave at most ``BUF`` keys that could be the k-th, that
+        pass moves them to the row's buffer instead (:func:`_fallback_fill`), the next selects
+        from it (:func:`_fallback_finish`, slice 0) and the passes after do nothing. Indices go
+        to slots from the row's write counter. Every load of what another item wrote is
+        volatile: that item may have run on another SM, whose writes a line left in this SM's
+        L1 cache would hide."""
+        buf = reg + _FB_ZEROED + NSP + 32 * NS
+        prefix = tl.load(reg + _FB_PREFIX, volatile=True)
+        pmask = tl.load(reg + _FB_PMASK, volatile=True)
+        filled = tl.full((), 0, tl.int32)
+        if BUF > 0:
+            filled = tl.load(reg + _FB_FILLED, volatile=True)
+        if (filled > 0) & (p >= filled):
+            if BUF > 0:
+                if p == filled:
+                    _fallback_fill(base, obase, lo, hi, reg, wpos_ptr, buf, prefix, pmask, BLOCK, BUF)
+                elif (p == filled + 1) & (s == 0):
+                    # the row finished from the buffer, once; the passes after do nothing
+                    _fallback_finish(obase, reg, wpos_ptr, buf, prefix, pmask, tl.load(reg + _FB_NEED, volatile=True),
+                                     BUF)
+        elif p < 7:
             # 5-bit digits: the histogram's time grows with its bins (512 or 4096 bins measured
             # slower than seven passes of 32, docs/topk.md)
-            prefix, pmask, need = _fallback_digits(reg, p, K)
             shift, dmask = _digit_place(p)
             bins = tl.arange(0, 32)
             own = reg + _FB_ZEROED + NSP + 32 * s
@@ -827,7 +906,7 @@ if triton is not None:
                 tl.store(own + bins, hist)
                 tl.atomic_add(reg + 32 * p + bins, hist, mask=hist > 0, sem="relaxed")
         else:
-            prefix, _, need = _fallback_digits(reg, 7, K)
+            # seven digits: every bit of the k-th key
             kth = prefix ^ -2147483648
             if p == 7:
                 eqn = tl.full((), 0, tl.int32)
@@ -839,6 +918,7 @@ if triton is not None:
                     eqn += tl.sum((m & (key == kth)).to(tl.int32), axis=0)
                 tl.store(reg + _FB_ZEROED + s, eqn)
             else:
+                need = tl.load(reg + _FB_NEED, volatile=True)
                 sl = tl.arange(0, NSP)
                 before = tl.sum(tl.load(reg + _FB_ZEROED + sl, mask=sl < s, other=0, volatile=True), axis=0)
                 c0 = tl.where(tl.load(reg + _FB_ZEROED + s, volatile=True) > 0, lo, hi)  # a slice without ties skips
@@ -861,12 +941,14 @@ if triton is not None:
         NS: tl.constexpr,
         NSP: tl.constexpr,
         COUNT: tl.constexpr,
+        BUF: tl.constexpr,
     ):
         """The fallback path of the rows the first select launch queued (``ctl[3]`` of them
         at ``ctl[5 + rows:]``), each split into ``NS`` slices of ``SLICE`` keys: a radix
         select of seven digit passes (5 bits each, the last 2), then a pass writing the keys
-        above the k-th key and one writing its ties, lowest columns first
-        (:func:`_fallback_item`).
+        above the k-th key and one writing its ties, lowest columns first; with ``BUF``, a row
+        whose digits leave at most ``BUF`` candidates for the k-th key moves them to a buffer
+        and is finished from it, its later passes doing nothing (:func:`_fallback_item`).
         Every program takes the next (pass, row, slice) item from the counter ``ctl[4]``,
         passes in order, and waits until the row's previous pass is done (its counter at
         ``reg[_FB_DONE]``, ``REGION`` int32 slots a row from ``cand32``). Items are taken in that
@@ -882,9 +964,9 @@ if triton is not None:
             s = item % NS
             row = tl.load(ctl_ptr + 5 + rows + q).to(tl.int64)
             reg = cand32_ptr + row * REGION
-            seen = tl.atomic_add(reg + _FB_DONE, 0, sem="acquire")
-            while seen < p * NS:
-                seen = tl.atomic_add(reg + _FB_DONE, 0, sem="acquire")
+            ready = tl.atomic_add(reg + _FB_READY, 0, sem="acquire")
+            while ready < p:
+                ready = tl.atomic_add(reg + _FB_READY, 0, sem="acquire")
             length = tl.load(lengths_ptr + row).to(tl.int32)
             if COUNT:
                 if (p == 0) & (s == 0):
@@ -893,10 +975,15 @@ if triton is not None:
             if lo < length:
                 base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
                 _fallback_item(base, out_ptr + row * stride_om, lo, tl.minimum(lo + SLICE, length), reg,
-                               wpos_ptr + row, s, p, K, BLOCK, NSP)
-            # every thread's writes of this item before the count that releases the next pass
+                               wpos_ptr + row, s, p, BLOCK, NS, NSP, BUF)
+            # every thread's writes of this item before its count; the row's last item of the
+            # pass (its count acquiring every other item's) finds the next digit once for all
+            # of the next pass's items, then releases them
             tl.debug_barrier()
-            tl.atomic_add(reg + _FB_DONE, 1, sem="release")
+            if tl.atomic_add(reg + _FB_DONE, 1, sem="acq_rel") == (p + 1) * NS - 1:
+                _fallback_next(reg, p, K, BUF)
+                tl.debug_barrier()
+                tl.atomic_add(reg + _FB_READY, 1, sem="release")
             item = tl.atomic_add(ctl_ptr + 4, 1)
 
     @triton.jit
