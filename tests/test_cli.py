@@ -92,3 +92,18 @@ def test_bench_backends_refuses_a_bad_shape():
             parse_shape(bad)
     res = _run("bench", "backends", "--shapes", "8@4,first@4", "--device", "cpu")
     assert res.returncode == 2 and "shape '8@4'" in res.stderr
+
+
+def test_bench_topk_dist_fallback_times_every_row_on_the_fallback(tmp_path, cpu_interpreter):
+    # Triton's interpreter on CPU: `--dist-fallback` adds a row whose calls send every row to the
+    # fallback path, and its sets are the torch path's
+    import json
+
+    out = tmp_path / "dist.json"
+    res = _run("bench", "topk", "--device", "cpu", "--dist", "gaussian,stripes", "--context", "600",
+               "--dist-rows", "3", "--topk", "16", "--repeats", "1", "--check-rows", "3", "--dist-fallback",
+               "--json", str(out), env={"TRITON_INTERPRET": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = [r for r in json.loads(out.read_text())["dist"] if r["method"] == "triton, every row on the fallback"]
+    assert [r["dist"] for r in rows] == ["gaussian", "stripes"], rows
+    assert all(r["same"] == 1.0 and r["ms"] > 0 for r in rows), rows

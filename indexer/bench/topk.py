@@ -54,11 +54,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--e2e", default=None, help="comma-separated N for whole prefill_topk calls with each top-k choice")
     p.add_argument("--fused", default=None, help="comma-separated N: logits + top-k unfused (DeepGEMM, Triton) "
                                                    "and fused (Triton), side by side")
+    from ..synthetic import LOGIT_DISTRIBUTIONS
+
     p.add_argument("--dist", default=None,
-                   help="comma-separated logit distributions (or 'all': "
-                        "gaussian,equal,few_distinct,ascending,descending,outliers,recency,sink,relu_zeros), "
+                   help=f"comma-separated logit distributions (or 'all': {','.join(LOGIT_DISTRIBUTIONS)}), "
                         "timed on whole-row windows instead of a late chunk's logits")
     p.add_argument("--dist-rows", default="128,1024,8192", help="comma-separated row counts M of --dist")
+    p.add_argument("--dist-fallback", action="store_true",
+                   help="--dist also times each point with every row sent to the fallback path (sample_min past "
+                        "the row length): the Triton top-k's worst case")
     p.add_argument("--max-gib", type=float, default=64.0,
                    help="--dist skips an M x N whose logits exceed this many GiB")
     p.add_argument("--check-rows", type=int, default=64,
@@ -312,6 +316,10 @@ def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float
         unsplit = dataclasses.replace(topk_config.launch_config(device), fallback_split=0)
         found.append(add("triton, fallback unsplit", lambda: ragged.ragged_topk(logits, starts, lengths, k, out,
                                                                                     config=unsplit)))
+    if args.dist_fallback:
+        forced = dataclasses.replace(topk_config.launch_config(device), sample_min=n + 1)
+        found.append(add("triton, every row on the fallback", lambda: ragged.ragged_topk(logits, starts, lengths, k,
+                                                                                       out, config=forced)))
     for label, fn in (extra or {}).items():
         found.append(add(label, lambda fn=fn: fn(logits, starts, lengths, k, out)))
     for r in [torch_row, *found]:

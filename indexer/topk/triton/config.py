@@ -54,16 +54,18 @@ STAT_SPLIT = 5
 #: (``fallback_kernel``); shorter ones are selected by one program in the select launch.
 #: ``FALLBACK_PROGRAMS_PER_SM`` programs an SM take the items.
 FALLBACK_SPLIT, FALLBACK_SLICE, FALLBACK_PROGRAMS_PER_SM = 32768, 16384, 8
-#: Keys a step of the split fallback's passes; int32 slots of a row's state before its
+#: Keys a step of the split fallback's passes (at 512 the kernel takes 64 registers a thread
+#: and 8 programs fit an SM; at 2048 it took 96: docs/topk.md); int32 slots of a row's state before its
 #: per-slice counts (seven 32-bin digit histograms; the count of keys in its buffer, the pass
 #: that fills it, the digits found, their mask, the keys still needed, the passes ready and
 #: the items done); slots budgeted a slice: twice its key count and 32-bin histogram, room
 #: for the counts' padding to a power of two.
-FALLBACK_BLOCK, FALLBACK_STATE, FALLBACK_SLICE_SLOTS = 2048, 7 * 32 + 7, 2 * (1 + 32)
+FALLBACK_BLOCK, FALLBACK_STATE, FALLBACK_SLICE_SLOTS = 512, 7 * 32 + 7, 2 * (1 + 32)
 #: Keys at most in a split fallback row's buffer (``fallback_buffer``): once the digits found
 #: leave at most this many keys that could still be the k-th, one pass moves them to the
-#: buffer (and writes the keys above them), and one program finishes the row from there.
-FALLBACK_BUFFER = 4096
+#: buffer (and writes the keys above them), and one program finishes the row from there, the
+#: buffer in its registers (4096 keys took the kernel to 168 registers a thread).
+FALLBACK_BUFFER = 1024
 
 
 def _int(x) -> bool:
@@ -138,6 +140,8 @@ class TopkConfig:
             fallback row is selected by one program).
         fallback_slice: Keys a program of a split fallback row (a power of two, at least
             256).
+        fallback_block: Keys a step of the split fallback's passes (a power of two, 64 to
+            65536; at most a slice's).
         fallback_buffer: Keys at most that a split fallback row moves to a buffer once its
             digits leave no more than that many candidates for the k-th key, so that its
             remaining digit passes are not run (a power of two, or ``0``: never). Smaller
@@ -174,6 +178,7 @@ class TopkConfig:
     sample_jitter: bool = False
     fallback_split: int = FALLBACK_SPLIT
     fallback_slice: int = FALLBACK_SLICE
+    fallback_block: int = FALLBACK_BLOCK
     fallback_buffer: int = FALLBACK_BUFFER
 
     def __post_init__(self) -> None:
@@ -202,6 +207,8 @@ class TopkConfig:
             raise ValueError(f"fallback_split must be an int >= 0, got {self.fallback_split!r}")
         if not (_int(self.fallback_slice) and _pow2(self.fallback_slice) and self.fallback_slice >= 256):
             raise ValueError(f"fallback_slice must be a power of two of at least 256, got {self.fallback_slice!r}")
+        if not (_int(self.fallback_block) and _pow2(self.fallback_block) and 64 <= self.fallback_block <= 1 << 16):
+            raise ValueError(f"fallback_block must be a power of two from 64 to 65536, got {self.fallback_block!r}")
         if not (_int(self.fallback_buffer) and (self.fallback_buffer == 0 or _pow2(self.fallback_buffer))
                 and self.fallback_buffer <= 1 << 16):
             raise ValueError(f"fallback_buffer must be 0 or a power of two of at most 65536, got "
@@ -410,15 +417,15 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
                              SECOND=second, JITTER=c.sample_jitter, num_warps=max(1, min(16, runs * piece // 1024)))
     # split rows retry in a launch of their own (rows strided over its programs)
     retry_kw = LaunchKw(filter_kw, RETRY=True, DYNAMIC=False) if slices > 1 else None
-    fallback_kw = (fallback_launch(topk, cap, n, c.fallback_split, c.fallback_slice, count_split, c.fallback_buffer)
-                   if not fused else None)
+    fallback_kw = (fallback_launch(topk, cap, n, c.fallback_split, c.fallback_slice, count_split, c.fallback_buffer,
+                                   c.fallback_block) if not fused else None)
     selects = select_launches(common, tile, cap, c.select_warps, fused, c.tile_write, c.select_maxnreg,
                                c.ballot_write, c.fallback_split if fallback_kw is not None else 0)
     return c.programs_per_sm, num_warps, cap, sample_kw, filter_kw, retry_kw, selects, fallback_kw
 
 
 def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, count: bool = False,
-                    buffer: int = FALLBACK_BUFFER) -> LaunchKw | None:
+                    buffer: int = FALLBACK_BUFFER, block: int = FALLBACK_BLOCK) -> LaunchKw | None:
     """Keywords of the split fallback's launch for rows of at most ``n`` keys, or ``None``
     where none is planned: ``split`` is 0 or above ``n``. Its per-row state (seven 32-bin digit
     histograms, three counters, a key count and a digit histogram a slice) lives in a fallback
@@ -426,7 +433,7 @@ def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, co
     need more of them than fit; a ``cap`` too small for one slice's state, or rows within two
     slices of 2**31 keys (int32 column offsets), rule the launch out. The slots left after the
     state hold the row's buffer: ``BUF`` keys and their columns, at most ``buffer`` (a power of
-    two; 0 where fewer than 16 fit).
+    two; 0 where fewer than 16 fit). Its passes step ``block`` keys at a time (at most a slice).
     ``count``: it adds each row to ``stats[STAT_SPLIT]``."""
     room = (2 * cap - FALLBACK_STATE) // FALLBACK_SLICE_SLOTS
     if split == 0 or n < split or room < 1:
@@ -439,7 +446,7 @@ def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, co
     nsp = _next_pow2(slices)
     free = (2 * cap - FALLBACK_STATE - nsp - 32 * slices) // 2
     buf = min(buffer, 1 << (free.bit_length() - 1)) if buffer and free > 0 else 0
-    return LaunchKw(K=topk, REGION=2 * cap, SLICE=slice_keys, BLOCK=min(FALLBACK_BLOCK, slice_keys), NS=slices,
+    return LaunchKw(K=topk, REGION=2 * cap, SLICE=slice_keys, BLOCK=min(block, slice_keys), NS=slices,
                     NSP=nsp, BUF=buf if buf >= 16 else 0, COUNT=bool(count), num_warps=4)
 
 
