@@ -843,7 +843,8 @@ def test_configs_are_frozen():
 
 
 @pytest.mark.parametrize("field,bad", [("prefetch", 2.0), ("num_warps", True), ("slices", 2.0), ("fused", 1),
-                                       ("fallback_buffer", 1000), ("fallback_buffer", -16), ("fallback_block", 32),
+                                       ("fallback_buffer", 1000), ("fallback_buffer", -16), ("fallback_buffer", 8192),
+                                       ("fallback_block", 64),
                                        ("fallback_block", 512.0)])
 def test_a_config_with_a_value_of_the_wrong_type_cannot_be_made(field, bad):
     with pytest.raises(ValueError, match=field):

@@ -140,12 +140,12 @@ class TopkConfig:
             fallback row is selected by one program).
         fallback_slice: Keys a program of a split fallback row (a power of two, at least
             256).
-        fallback_block: Keys a step of the split fallback's passes (a power of two, 64 to
-            65536; at most a slice's).
+        fallback_block: Keys a step of the split fallback's passes (a power of two, 128 to
+            65536; clamped to a slice).
         fallback_buffer: Keys at most that a split fallback row moves to a buffer once its
             digits leave no more than that many candidates for the k-th key, so that its
-            remaining digit passes are not run (a power of two, or ``0``: never). Smaller
-            where the row's scratch left after its state holds fewer.
+            remaining digit passes are not run (a power of two up to 4096, or ``0``: never).
+            Smaller where the row's scratch left after its state holds fewer.
     """
 
     num_warps: int = 4
@@ -207,11 +207,13 @@ class TopkConfig:
             raise ValueError(f"fallback_split must be an int >= 0, got {self.fallback_split!r}")
         if not (_int(self.fallback_slice) and _pow2(self.fallback_slice) and self.fallback_slice >= 256):
             raise ValueError(f"fallback_slice must be a power of two of at least 256, got {self.fallback_slice!r}")
-        if not (_int(self.fallback_block) and _pow2(self.fallback_block) and 64 <= self.fallback_block <= 1 << 16):
-            raise ValueError(f"fallback_block must be a power of two from 64 to 65536, got {self.fallback_block!r}")
+        # (at least a thread's worth for each of the launch's 128 threads)
+        if not (_int(self.fallback_block) and _pow2(self.fallback_block) and 128 <= self.fallback_block <= 1 << 16):
+            raise ValueError(f"fallback_block must be a power of two from 128 to 65536, got {self.fallback_block!r}")
+        # (the program finishing a row holds the buffer in registers)
         if not (_int(self.fallback_buffer) and (self.fallback_buffer == 0 or _pow2(self.fallback_buffer))
-                and self.fallback_buffer <= 1 << 16):
-            raise ValueError(f"fallback_buffer must be 0 or a power of two of at most 65536, got "
+                and self.fallback_buffer <= 4096):
+            raise ValueError(f"fallback_buffer must be 0 or a power of two of at most 4096, got "
                              f"{self.fallback_buffer!r}")
         if self.slices is not None and not (_int(self.slices) and _pow2(self.slices) and self.slices <= MAX_SLICES):
             raise ValueError(f"slices must be None or a power of two in 1-{MAX_SLICES}, got {self.slices!r}")
@@ -428,7 +430,8 @@ def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, co
                     buffer: int = FALLBACK_BUFFER, block: int = FALLBACK_BLOCK) -> LaunchKw | None:
     """Keywords of the split fallback's launch for rows of at most ``n`` keys, or ``None``
     where none is planned: ``split`` is 0 or above ``n``. Its per-row state (seven 32-bin digit
-    histograms, three counters, a key count and a digit histogram a slice) lives in a fallback
+    histograms, seven slots of counts and digits found, a key count and a digit histogram a
+    slice) lives in a fallback
     row's ``2 * cap`` int32 candidate slots, so slices grow past ``slice_keys`` where a row would
     need more of them than fit; a ``cap`` too small for one slice's state, or rows within two
     slices of 2**31 keys (int32 column offsets), rule the launch out. The slots left after the

@@ -759,8 +759,8 @@ if triton is not None:
     @triton.jit
     def _queue_fallback(row, cand32_ptr, ctl_ptr, REGION: tl.constexpr):
         # queue a row for fallback_kernel (ctl[3] rows queued, at ctl[5 + rows:]) and zero
-        # its digit histograms and pass counter, kept in the row's candidate slots (a fallback
-        # row's lists are never read again)
+        # its state (digit histograms, counts, digits found), kept in the row's candidate slots
+        # (a fallback row's lists are never read again)
         rows = tl.num_programs(0)
         tl.store(ctl_ptr + 5 + rows + tl.atomic_add(ctl_ptr + 3, 1), row.to(tl.int32))
         z = tl.arange(0, _FB_ZERO_TILE)
@@ -950,11 +950,13 @@ if triton is not None:
         whose digits leave at most ``BUF`` candidates for the k-th key moves them to a buffer
         and is finished from it, its later passes doing nothing (:func:`_fallback_item`).
         Every program takes the next (pass, row, slice) item from the counter ``ctl[4]``,
-        passes in order, and waits until the row's previous pass is done (its counter at
-        ``reg[_FB_DONE]``, ``REGION`` int32 slots a row from ``cand32``). Items are taken in that
-        order, so an awaited item is always held by a running program: a program never waits
-        on one that has not started, and the grid need not fit the GPU at once. An empty
-        queue costs a program two loads. ``COUNT``: each row adds 1 to ``stats[5]``."""
+        passes in order, and waits until the row's pass is ready (``reg[_FB_READY]``, ``REGION``
+        int32 slots a row from ``cand32``): the program finishing the row's last item of the
+        pass before (its count of items done, ``reg[_FB_DONE]``) finds the next digit
+        (:func:`_fallback_next`) and then marks it so. Items are taken in that order, so an
+        awaited item is always held by a running program: a program never waits on one that
+        has not started, and the grid need not fit the GPU at once. An empty queue costs a
+        program a load and an atomic. ``COUNT``: each row adds 1 to ``stats[5]``."""
         queued = tl.load(ctl_ptr + 3)
         per_pass = queued * NS
         item = tl.atomic_add(ctl_ptr + 4, 1)
