@@ -54,12 +54,12 @@ STAT_SPLIT = 5
 #: (``fallback_kernel``); shorter ones are selected by one program in the select launch.
 #: ``FALLBACK_PROGRAMS_PER_SM`` programs an SM take the items.
 FALLBACK_SPLIT, FALLBACK_SLICE, FALLBACK_PROGRAMS_PER_SM = 32768, 16384, 8
-#: Keys a step of the split fallback's passes (at 512 the kernel takes 64 registers a thread
-#: and 8 programs fit an SM; at 2048 it took 96: docs/topk.md); int32 slots of a row's state before its
-#: per-slice counts (seven 32-bin digit histograms; the count of keys in its buffer, the pass
-#: that fills it, the digits found, their mask, the keys still needed, the passes ready and
-#: the items done); slots budgeted a slice: twice its key count and 32-bin histogram, room
-#: for the counts' padding to a power of two.
+#: Keys a step of the split fallback's passes (at 512 the kernel takes 64 registers a
+#: thread and 8 programs fit an SM; at 2048 it took 96: docs/topk.md); int32 slots of a
+#: row's state before its per-slice counts (seven 32-bin digit histograms; the count of keys
+#: in its buffer, the pass that fills it, the digits found, their mask, the keys still
+#: needed, the passes ready and the items done); slots budgeted a slice: twice its key count
+#: and 32-bin histogram, room for the counts' padding to a power of two.
 FALLBACK_BLOCK, FALLBACK_STATE, FALLBACK_SLICE_SLOTS = 512, 7 * 32 + 7, 2 * (1 + 32)
 #: Keys at most in a split fallback row's buffer (``fallback_buffer``): once the digits found
 #: leave at most this many keys that could still be the k-th, one pass moves them to the
@@ -431,9 +431,8 @@ def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, co
     """Keywords of the split fallback's launch for rows of at most ``n`` keys, or ``None``
     where none is planned: ``split`` is 0 or above ``n``. Its per-row state (seven 32-bin digit
     histograms, seven slots of counts and digits found, a key count and a digit histogram a
-    slice) lives in a fallback
-    row's ``2 * cap`` int32 candidate slots, so slices grow past ``slice_keys`` where a row would
-    need more of them than fit; a ``cap`` too small for one slice's state, or rows within two
+    slice) lives in a fallback row's ``2 * cap`` int32 candidate slots, so slices grow past
+    ``slice_keys`` where a row would need more of them than fit; a ``cap`` too small for one slice's state, or rows within two
     slices of 2**31 keys (int32 column offsets), rule the launch out. The slots left after the
     state hold the row's buffer: ``BUF`` keys and their columns, at most ``buffer`` (a power of
     two; 0 where fewer than 16 fit). Its passes step ``block`` keys at a time (at most a slice).
