@@ -114,6 +114,9 @@ def _topk_kernels(arch: str, presample: bool, fused: bool, slices: int) -> None:
     if not presample and not fused:
         # the filter's own sample with its runs jittered (sample_jitter)
         _compile(TK.filter_kernel, _FILTER_SIG, dict(filter_kw, JITTER=True), arch)
+    if not fused:
+        # the blocks dealt to the warps' lists (filter_deal)
+        _compile(TK.filter_kernel, _FILTER_SIG, dict(filter_kw, DEAL=True), arch)
     if retry_kw is not None:
         _compile(TK.filter_kernel, _FILTER_SIG, retry_kw, arch)
     for _, kw in selects:
@@ -143,6 +146,8 @@ def _nvidia_topk_kernels(slices: int) -> None:
     # the filter's PTX step: warp lists (slices=1) or the row's shared list and its atomic counter
     ptx = ("vote.sync.ballot", "st.global.v2.b32") + (("atom.global.add.u32",) if slices > 1 else ())
     _nvidia_compile(TK.filter_kernel, _FILTER_SIG, filter_kw, ptx)
+    # the blocks dealt to the warps' lists (filter_deal)
+    _nvidia_compile(TK.filter_kernel, _FILTER_SIG, dict(filter_kw, DEAL=True), ptx)
     if retry_kw is not None:
         _nvidia_compile(TK.filter_kernel, _FILTER_SIG, retry_kw, ())
     _nvidia_compile(TK.sample_kernel, _SAMPLE_SIG, sample_kw, ())

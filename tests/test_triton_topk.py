@@ -252,7 +252,8 @@ DIST_SAMPLE = dict(piece=8, sparse=4, pieces=128, sample_max=1024, cap=2048)
 
 @pytest.mark.parametrize("dist", LOGIT_DISTRIBUTIONS)
 @pytest.mark.parametrize("kw", [dict(), dict(presample=True), dict(slices=4), dict(slices=2, dynamic=True),
-                                dict(sample_jitter=True), dict(sample_jitter=True, slices=4)])
+                                dict(sample_jitter=True), dict(sample_jitter=True, slices=4),
+                                dict(sample_jitter=True, filter_deal=True)])
 def test_every_distribution_selects_the_torch_set_in_one_filtering_pass(dist, kw):
     # ties (all equal, few distinct values, flat with outliers, ReLU zeros), ramps both ways,
     # a raised recent stretch, a sink at key 0: every row selects the torch set (lowest-index
@@ -1031,6 +1032,25 @@ def test_jittered_runs_sample_a_structure_with_their_period(slices):
     kw = dict(SMALL_SAMPLE, cap=256, slices=slices, fallback_split=0)
     assert _check(vals.to(DEVICE), vals, starts, lengths, topk, **kw)[TC.STAT_PLAIN] == 3
     assert _check(vals.to(DEVICE), vals, starts, lengths, topk, sample_jitter=True, **kw)[TC.STAT_SAMPLED] == 3
+
+
+def test_dealt_blocks_spread_a_periodic_structure_over_every_warps_list():
+    # large keys at columns 264-271 of every 512-key filter block: one warp's share of the
+    # block in either layout (a 2-D block's third row of 128; under the ballot, the 32-key
+    # group 256-287 of warp 0), and never sampled (SMALL_SAMPLE's runs read keys 0-7 of every
+    # 32), so all 64 of a row pass with the threshold's keys and overflow that warp's 64 slots
+    # into the fallback path. Dealt, each list takes about a quarter: the sampled path. Same
+    # sets both ways
+    n, topk = 4096, 48
+    col = torch.arange(n)
+    g = torch.Generator().manual_seed(3)
+    vals = torch.randn(3, n, generator=g)
+    vals[:, (col % 512 >= 264) & (col % 512 < 272)] += 10.0
+    starts = torch.zeros(3, dtype=torch.int64)
+    lengths = torch.full((3,), n, dtype=torch.int64)
+    kw = dict(SMALL_SAMPLE, cap=256, num_warps=4, filter_block=512, slices=1, fallback_split=0)
+    assert _check(vals.to(DEVICE), vals, starts, lengths, topk, **kw)[TC.STAT_PLAIN] == 3
+    assert _check(vals.to(DEVICE), vals, starts, lengths, topk, filter_deal=True, **kw)[TC.STAT_SAMPLED] == 3
 
 
 @pytest.mark.parametrize("top", [16, 17])

@@ -131,9 +131,14 @@ class TopkConfig:
             sampled keys reach it (0 to 64).
         sample_min: Rows longer than ``tile`` but shorter than this take the fallback path
             (for tests).
-        sample_jitter: Place each of the sample's runs at a pseudo-random multiple of 8 keys
-            within its window instead of at the window's start, so that a structure with the
-            runs' period (large keys every 512 columns) is sampled in proportion.
+        sample_jitter: Place each of the sample's runs at a pseudo-random multiple of
+            ``piece`` keys within its window instead of at the window's start, so that a
+            structure with the runs' period (large keys every 512 columns) is sampled in
+            proportion.
+        filter_deal: Deal each filter block's groups of keys (a warp's share of the block) to
+            the warps' candidate lists in a pseudo-random order per block, so that keys large
+            at one offset of every block (a periodic structure) spread over every list
+            instead of overflowing one (whole rows; a split row has one list).
         fallback_split: Rows of at least this many keys that take the fallback path are
             split into slices of ``fallback_slice`` keys, a program each, in a launch of their
             own that is planned only for blocks at least this wide; ``0``: never (every
@@ -176,13 +181,14 @@ class TopkConfig:
     sample_slack: float = SAMPLE_SLACK
     sample_min: int = 0
     sample_jitter: bool = False
+    filter_deal: bool = False
     fallback_split: int = FALLBACK_SPLIT
     fallback_slice: int = FALLBACK_SLICE
     fallback_block: int = FALLBACK_BLOCK
     fallback_buffer: int = FALLBACK_BUFFER
 
     def __post_init__(self) -> None:
-        for name in ("fused", "tile_write", "dynamic", "ballot_write", "sample_jitter"):
+        for name in ("fused", "tile_write", "dynamic", "ballot_write", "sample_jitter", "filter_deal"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("presample", "ballot"):
@@ -409,7 +415,7 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
         SLACK=float(c.sample_slack), LOW_BIT=c.sample_low_bit, BALLOT=bool(ballot), DEPTH=c.prefetch,
         DYNAMIC=bool(c.dynamic), FUSED=bool(fused), STW=tile // num_warps, CH=fused_ch, PRESAMPLE=presample,
         WB=fused_wb, num_warps=num_warps, **dict(common, W=num_warps), CAP=cap, SL=slices, RETRY=False,
-        SECOND=second, RETRIES=bool(count_retries), JITTER=c.sample_jitter,
+        SECOND=second, RETRIES=bool(count_retries), JITTER=c.sample_jitter, DEAL=c.filter_deal,
         **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
     sample_kw = None
     if presample:

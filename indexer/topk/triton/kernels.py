@@ -367,24 +367,43 @@ if triton is not None:
             eq_seen += tl.sum(eq, axis=0)
 
     @triton.jit
-    def _prime_ahead(base, off, length, STEP: tl.constexpr, DEPTH: tl.constexpr):
+    def _block_cols(c0, off, STEP: tl.constexpr, GROUP: tl.constexpr, W: tl.constexpr, DEAL: tl.constexpr):
+        """Columns of the filter block at ``c0``: ``c0 + off``, or with ``DEAL`` its ``W`` groups
+        of ``GROUP`` keys (each a warp's: 32 keys of every 128 under the ballot's layout, a row
+        of the 2-D block otherwise) dealt to the warps in a pseudo-random order per block (a
+        multiplicative hash of the block's index), so that keys that are large at one offset
+        of every block (a periodic structure) spread over every warp's list instead of
+        filling one."""
+        if DEAL:
+            d = (((c0 // STEP) * -1640531535) >> 16) & (W - 1)
+            return c0 + (off ^ (d * GROUP))
+        else:
+            return c0 + off
+
+    @triton.jit
+    def _prime_ahead(base, lo, off, length, STEP: tl.constexpr, DEPTH: tl.constexpr, GROUP: tl.constexpr,
+                     W: tl.constexpr, DEAL: tl.constexpr):
         # the first DEPTH blocks of a pass, in flight before it starts (the unused ones are
         # placeholders that the loop carries unchanged)
-        a1 = tl.load(base + off, mask=off < length, other=float("-inf"))
+        c = _block_cols(lo, off, STEP, GROUP, W, DEAL)
+        a1 = tl.load(base + c, mask=c < length, other=float("-inf"))
         a2 = a1
         a3 = a1
         if DEPTH >= 2:
-            a2 = tl.load(base + off + STEP, mask=off + STEP < length, other=float("-inf"))
+            c = _block_cols(lo + STEP, off, STEP, GROUP, W, DEAL)
+            a2 = tl.load(base + c, mask=c < length, other=float("-inf"))
         if DEPTH >= 3:
-            a3 = tl.load(base + off + 2 * STEP, mask=off + 2 * STEP < length, other=float("-inf"))
+            c = _block_cols(lo + 2 * STEP, off, STEP, GROUP, W, DEAL)
+            a3 = tl.load(base + c, mask=c < length, other=float("-inf"))
         return a1, a2, a3
 
     @triton.jit
-    def _shift_ahead(base, c, length, a1, a2, a3, STEP: tl.constexpr, DEPTH: tl.constexpr, MASKED: tl.constexpr):
-        # the block at c (loaded DEPTH steps ago) and the blocks still in flight, the newest
-        # being the load of the block DEPTH steps past c (unmasked where the caller knows it
+    def _shift_ahead(base, c0, off, length, a1, a2, a3, STEP: tl.constexpr, DEPTH: tl.constexpr,
+                     MASKED: tl.constexpr, GROUP: tl.constexpr, W: tl.constexpr, DEAL: tl.constexpr):
+        # the block at c0 (loaded DEPTH steps ago) and the blocks still in flight, the newest
+        # being the load of the block DEPTH steps past c0 (unmasked where the caller knows it
         # whole: no bound check and no fill value a key)
-        nxt = c + DEPTH * STEP
+        nxt = _block_cols(c0 + DEPTH * STEP, off, STEP, GROUP, W, DEAL)
         if MASKED:
             new = tl.load(base + nxt, mask=nxt < length, other=float("-inf"))
         else:
@@ -450,7 +469,8 @@ if triton is not None:
 
     @triton.jit
     def _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, W: tl.constexpr, BW: tl.constexpr, WCAP: tl.constexpr,
-                     BALLOT: tl.constexpr, DEPTH: tl.constexpr, SHARED: tl.constexpr, CUT: tl.constexpr):
+                     BALLOT: tl.constexpr, DEPTH: tl.constexpr, SHARED: tl.constexpr, CUT: tl.constexpr,
+                     DEAL: tl.constexpr):
         """One pass over the columns ``[lo, hi)`` of a row: every key at or above the
         threshold ``(t, tcol)`` (:func:`_sample_cut`; ``tcol`` read only with ``CUT``) into a
         list, value bits in the low word, column in the high one. Per-warp lists (``cand + w
@@ -460,7 +480,8 @@ if triton is not None:
         flight (1-3): each SM needs enough bytes on their way to cover the memory latency.
         The blocks whose loads all fall inside the range go unmasked (no bound checks or
         fill values: fewer instructions and registers a block); the last few take the
-        masked loop."""
+        masked loop. ``DEAL``: the per-warp lists take each block's keys dealt
+        (:func:`_block_cols`)."""
         STEP: tl.constexpr = W * BW
         tf = _key_float(t)
         wr = tl.arange(0, W)
@@ -480,17 +501,22 @@ if triton is not None:
                 lists = cand
             else:
                 lists = cand + wr[:, None] * WCAP
-        ahead, ahead2, ahead3 = _prime_ahead(base, lo + off, hi, STEP, DEPTH)
+        # (one list a row has nothing to deal)
+        DEALT: tl.constexpr = DEAL and not SHARED
+        GROUP: tl.constexpr = 32 if BALLOT else BW
+        ahead, ahead2, ahead3 = _prime_ahead(base, lo, off, hi, STEP, DEPTH, GROUP, W, DEALT)
         # blocks before `unmasked_end` are whole and so are those DEPTH past them
         unmasked_end = lo + ((hi - lo) // STEP - DEPTH) * STEP
         for c0 in range(lo, unmasked_end, STEP):
-            c = c0 + off
+            c = _block_cols(c0, off, STEP, GROUP, W, DEALT)
             # the next blocks' loads go out before this block's stores
-            v, ahead, ahead2, ahead3 = _shift_ahead(base, c, hi, ahead, ahead2, ahead3, STEP, DEPTH, False)
+            v, ahead, ahead2, ahead3 = _shift_ahead(base, c0, off, hi, ahead, ahead2, ahead3, STEP, DEPTH, False,
+                                                    GROUP, W, DEALT)
             acc = _filter_block(v, c, hi, tf, tcol, lists, acc, cnt_row, WCAP, BALLOT, False, SHARED, CUT)
         for c0 in range(tl.maximum(unmasked_end, lo), hi, STEP):
-            c = c0 + off
-            v, ahead, ahead2, ahead3 = _shift_ahead(base, c, hi, ahead, ahead2, ahead3, STEP, DEPTH, True)
+            c = _block_cols(c0, off, STEP, GROUP, W, DEALT)
+            v, ahead, ahead2, ahead3 = _shift_ahead(base, c0, off, hi, ahead, ahead2, ahead3, STEP, DEPTH, True,
+                                                    GROUP, W, DEALT)
             acc = _filter_block(v, c, hi, tf, tcol, lists, acc, cnt_row, WCAP, BALLOT, True, SHARED, CUT)
         total = tl.full((), 0, tl.int32)
         if not SHARED:
@@ -504,12 +530,12 @@ if triton is not None:
 
     @triton.jit
     def _filter_range(base, lo, hi, cand, cnt_row, t, tcol, W: tl.constexpr, BW: tl.constexpr, WCAP: tl.constexpr,
-                      BALLOT: tl.constexpr, DEPTH: tl.constexpr, SHARED: tl.constexpr):
+                      BALLOT: tl.constexpr, DEPTH: tl.constexpr, SHARED: tl.constexpr, DEAL: tl.constexpr):
         # the column cut costs instructions a key: only rows whose threshold has one pay them
         if tcol == 2147483647:
-            total = _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, W, BW, WCAP, BALLOT, DEPTH, SHARED, False)
+            total = _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, W, BW, WCAP, BALLOT, DEPTH, SHARED, False, DEAL)
         else:
-            total = _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, W, BW, WCAP, BALLOT, DEPTH, SHARED, True)
+            total = _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, W, BW, WCAP, BALLOT, DEPTH, SHARED, True, DEAL)
         return total
 
     @triton.jit
@@ -565,6 +591,7 @@ if triton is not None:
         SECOND: tl.constexpr,
         RETRIES: tl.constexpr,
         JITTER: tl.constexpr = False,
+        DEAL: tl.constexpr = False,
     ):
         """Rows longer than ``WHOLE`` (and at least ``sample_min``): the threshold
         ``(thr[row], tcol[row])`` (:func:`_sample_cut`) and the keys at or above it in lists
@@ -586,7 +613,8 @@ if triton is not None:
         one's. A whole row's program retries itself; split rows retry in a
         second launch (``RETRY``, after the first has counted every row): where fewer than
         ``K`` keys passed, each slice appends the keys between the deeper threshold and the
-        first (the keys above the first are in the list already)."""
+        first (the keys above the first are in the list already). ``DEAL``: a whole row's
+        blocks are dealt to the warps' lists (:func:`_block_cols`)."""
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
         STEP: tl.constexpr = W * BW
@@ -614,7 +642,7 @@ if triton is not None:
                         t, tc = _sample_cut(_sample_keys(base, sidx, smask), sidx,
                                             _run_rank(K, s, length, SIGMAS, PIECE), length, spread, SLACK, LOW_BIT)
                     total = _filter_range(base, 0, length, cand, cnt_ptr + row * W, t, tc, W, BW, WCAP, BALLOT,
-                                          DEPTH, False)
+                                          DEPTH, False, DEAL)
                     if total < K:
                         # too few keys passed (rare): once more, twice as many sigmas deep into
                         # the sample (read again, so that it is not held in registers through
@@ -629,7 +657,7 @@ if triton is not None:
                                                 _run_rank(K, s, length, 2 * SIGMAS, 2 * PIECE), length, spread, SLACK,
                                                 LOW_BIT)
                         total = _filter_range(base, 0, length, cand, cnt_ptr + row * W, t, tc, W, BW, WCAP, BALLOT,
-                                              DEPTH, False)
+                                              DEPTH, False, DEAL)
                     tl.store(thr_ptr + row, t)
                 else:
                     # slices of whole blocks, so that only a row's last block is masked
@@ -648,7 +676,7 @@ if triton is not None:
                     else:
                         if lo < hi:
                             _filter_range(base, lo, hi, cand, cnt_ptr + row, tl.load(thr_ptr + row),
-                                          tl.load(tcol_ptr + row), W, BW, WCAP, BALLOT, DEPTH, True)
+                                          tl.load(tcol_ptr + row), W, BW, WCAP, BALLOT, DEPTH, True, False)
                         if tl.atomic_add(done, 1) == SL - 1:
                             if tl.atomic_add(cnt_ptr + row, 0) < K:
                                 tl.store(done, SL + 1)
@@ -682,8 +710,8 @@ if triton is not None:
         keys (the recent end no denser than the rest). Runs of a few sectors read little
         more than the keys they sample, and many runs leave no stretch of the row unseen (a
         ramp, a run of recent keys scoring high). Run ``j`` lies in the window of ``spread``
-        keys from ``j * spread``: at its start, or with ``JITTER`` at a multiple of 8 keys
-        within it taken from a golden-ratio sequence over the runs (runs at one fixed stride
+        keys from ``j * spread``: at its start, or with ``JITTER`` at a multiple of ``PIECE``
+        keys (whole 64-byte pieces where the row starts at one) within it taken from a golden-ratio sequence over the runs (runs at one fixed stride
         miss every large key of a structure with the same period). Returns the sampled
         columns, their mask and count, and the spacing of the runs."""
         runs = tl.minimum(tl.maximum(length // (SPARSE * PIECE), 1), NP)
@@ -693,7 +721,7 @@ if triton is not None:
         if JITTER:
             # (pp * 40503 may wrap: its low 16 bits still step by the golden ratio of 2**16)
             h = ((pp * 40503) & 0xFFFF).to(tl.int64)
-            col += ((h * ((spread - plen) // 8 + 1)) >> 16).to(tl.int32) * 8
+            col += ((h * ((spread - plen) // PIECE + 1)) >> 16).to(tl.int32) * PIECE
         return col, (pp < runs) & (pj < plen), runs * plen, spread
 
     @triton.jit
