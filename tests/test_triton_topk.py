@@ -330,6 +330,34 @@ def test_retried_rows_are_counted_with_a_fifth_stats_entry(kw):
     assert torch.equal(out.cpu().sort(1).values, want.sort(1).values)
 
 
+@pytest.mark.parametrize("retry_split", [0, 1024, 4096])
+def test_long_whole_rows_short_of_k_keys_take_the_split_fallback_instead_of_a_retry(retry_split):
+    # as above, the first three rows keep fewer than k=16 keys through the first threshold.
+    # Rows of 2048 keys, split fallback from 1024: with retry_split 1024 they skip the
+    # filter program's second pass and are selected by the split fallback; with 0 (never) or
+    # 4096 (longer rows only) they retry and keep the sampled path. The same set every way
+    n = 2048
+    col = torch.arange(n)
+    g = torch.Generator().manual_seed(12)
+    vals = torch.randn(6, n, generator=g)
+    vals[:3] = torch.rand(3, n, generator=g) - 10.0
+    vals[:3, (col // 8) % 4 == 0] += 20.0
+    starts = torch.zeros(6, dtype=torch.int64)
+    lengths = torch.full((6,), n, dtype=torch.int64)
+    out = torch.empty(6, 16, dtype=torch.int32, device=DEVICE)
+    stats = torch.zeros(6, dtype=torch.int32, device=DEVICE)
+    cfg = _cfg(cap=4096, slices=1, retry_split=retry_split, fallback_split=1024, fallback_slice=512, **SMALL_SAMPLE)
+    T.ragged_topk(vals.to(DEVICE), starts.to(DEVICE), lengths.to(DEVICE), 16, out, stats=stats, config=cfg)
+    stats = stats.cpu().tolist()
+    skip = retry_split == 1024
+    assert stats[TC.STAT_RETRIED] == (0 if skip else 3), stats
+    assert stats[TC.STAT_PLAIN] == stats[TC.STAT_SPLIT] == (3 if skip else 0), stats
+    assert stats[TC.STAT_SAMPLED] == (3 if skip else 6), stats
+    want = torch.empty(6, 16, dtype=torch.int32)
+    row_topk(vals, starts, lengths, 16, want)
+    assert torch.equal(out.cpu().sort(1).values, want.sort(1).values)
+
+
 @pytest.mark.parametrize("slack", [1 / 32, 4.0])
 def test_split_rows_whose_first_search_stops_early(slack):
     # a wide sample slack stops the first threshold's search early, below where the retry's
@@ -845,8 +873,8 @@ def test_configs_are_frozen():
 
 @pytest.mark.parametrize("field,bad", [("prefetch", 2.0), ("num_warps", True), ("slices", 2.0), ("fused", 1),
                                        ("fallback_buffer", 1000), ("fallback_buffer", -16), ("fallback_buffer", 8192),
-                                       ("fallback_block", 64),
-                                       ("fallback_block", 512.0)])
+                                       ("fallback_block", 64), ("fallback_block", 512.0), ("retry_split", -1),
+                                       ("retry_split", 2.0), ("filter_deal", 1), ("sample_jitter", None)])
 def test_a_config_with_a_value_of_the_wrong_type_cannot_be_made(field, bad):
     with pytest.raises(ValueError, match=field):
         dataclasses.replace(TC.DEFAULT_CONFIG, **{field: bad})

@@ -78,6 +78,9 @@ class Backend(abc.ABC):
     """Whether :meth:`logits` writes into the plan's workspace (else its kernel allocates)."""
     max_chunk_rows: ClassVar[int | None] = None
     """Cap on rows per chunk, for kernels whose arithmetic changes with the row count."""
+    max_chunk_bytes: ClassVar[int | None] = MAX_CHUNK_BYTES
+    """Cap on one chunk's float32 logits block in bytes (as :meth:`logits_alloc_bytes`
+    counts them), for kernels that index it with 32-bit offsets; ``None``: the budget alone."""
     strided_out: ClassVar[bool] = True
     """Whether :meth:`topk` writes an ``out`` with any row stride (else a run gives it a
     contiguous table and copies)."""
@@ -199,6 +202,7 @@ def chunk_end(backend: Backend, problem: Problem, start: int, stop: int, budget:
     chunks stays linear in M.
     """
     big = torch.iinfo(torch.int64).max
+    cap = backend.max_chunk_bytes
     window = max(1, min(stop - start, hint))
     while True:
         starts = problem.starts_host[start : start + window]
@@ -218,7 +222,7 @@ def chunk_end(backend: Backend, problem: Problem, start: int, stop: int, budget:
         fits = (
             (count <= (backend.max_chunk_rows or window))
             & (backend.chunk_bytes(count, width, problem) <= budget)
-            & (backend.logits_alloc_bytes(count, width) <= MAX_CHUNK_BYTES)
+            & ((backend.logits_alloc_bytes(count, width) <= cap) if cap is not None else True)
             & ~apart
         )
         take = int(torch.cumprod(fits, 0).sum())  # the fitting chunks are a prefix

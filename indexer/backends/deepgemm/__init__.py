@@ -135,6 +135,10 @@ class DeepGemmBackend(Backend):
     # (clean + top-k) + 126 ns/row, i.e. per_row ~ 3000 keys.
     cost_model = CostModel(per_key=1, per_width=0, per_row=3000)
     uses_workspace = False  # DeepGEMM allocates its own (padded) output
+    # DeepGEMM's logits kernels (sm90, sm100) and its clean pass index the block with 64-bit
+    # row offsets, as does the Triton top-k: a chunk may pass 2 GiB (at 1M keys, 1024 rows
+    # in one chunk instead of three)
+    max_chunk_bytes = None
 
     def not_supported_reasons(self, problem: Problem | None) -> list[str]:
         reasons = []

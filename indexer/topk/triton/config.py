@@ -54,6 +54,10 @@ STAT_SPLIT = 5
 #: (``fallback_kernel``); shorter ones are selected by one program in the select launch.
 #: ``FALLBACK_PROGRAMS_PER_SM`` programs an SM take the items.
 FALLBACK_SPLIT, FALLBACK_SLICE, FALLBACK_PROGRAMS_PER_SM = 32768, 16384, 8
+#: Whole rows of at least ``RETRY_SPLIT`` keys too few of whose keys pass the first
+#: threshold take the split fallback instead of a second pass by their filter program
+#: (``retry_split``).
+RETRY_SPLIT = 262144
 #: Keys a step of the split fallback's passes (at 512 the kernel takes 64 registers a
 #: thread and 8 programs fit an SM; at 2048 it took 96: docs/topk.md); int32 slots of a
 #: row's state before its per-slice counts (seven 32-bin digit histograms; the count of keys
@@ -131,14 +135,18 @@ class TopkConfig:
             sampled keys reach it (0 to 64).
         sample_min: Rows longer than ``tile`` but shorter than this take the fallback path
             (for tests).
-        sample_jitter: Place each of the sample's runs at a pseudo-random multiple of
-            ``piece`` keys within its window instead of at the window's start, so that a
-            structure with the runs' period (large keys every 512 columns) is sampled in
-            proportion.
+        sample_jitter: Place each of the sample's runs at a pseudo-random multiple of 8 keys
+            within its window instead of at the window's start, so that a structure with the
+            runs' period (large keys every 512 columns) is sampled in proportion.
         filter_deal: Deal each filter block's groups of keys (a warp's share of the block) to
             the warps' candidate lists in a pseudo-random order per block, so that keys large
             at one offset of every block (a periodic structure) spread over every list
             instead of overflowing one (whole rows; a split row has one list).
+        retry_split: Whole rows (not split across filter programs) of at least this many
+            keys through whose first threshold fewer than ``topk`` keys pass skip the filter
+            program's second pass with the deeper threshold and take the split fallback,
+            whose passes are spread over many programs, where that launch is planned (rows
+            of at least ``fallback_split``); ``0``: they always retry.
         fallback_split: Rows of at least this many keys that take the fallback path are
             split into slices of ``fallback_slice`` keys, a program each, in a launch of their
             own that is planned only for blocks at least this wide; ``0``: never (every
@@ -182,6 +190,7 @@ class TopkConfig:
     sample_min: int = 0
     sample_jitter: bool = False
     filter_deal: bool = False
+    retry_split: int = RETRY_SPLIT
     fallback_split: int = FALLBACK_SPLIT
     fallback_slice: int = FALLBACK_SLICE
     fallback_block: int = FALLBACK_BLOCK
@@ -209,6 +218,8 @@ class TopkConfig:
                 raise ValueError(f"{name} must be an int of at least 1, got {value!r}")
         if not (_int(self.sample_min) and self.sample_min >= 0):
             raise ValueError(f"sample_min must be an int >= 0, got {self.sample_min!r}")
+        if not (_int(self.retry_split) and self.retry_split >= 0):
+            raise ValueError(f"retry_split must be an int >= 0, got {self.retry_split!r}")
         if not (_int(self.fallback_split) and self.fallback_split >= 0):
             raise ValueError(f"fallback_split must be an int >= 0, got {self.fallback_split!r}")
         if not (_int(self.fallback_slice) and _pow2(self.fallback_slice) and self.fallback_slice >= 256):
@@ -410,12 +421,16 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
     lists = 1 if slices > 1 else num_warps
     common = select_constexprs(topk, lists, cap, tile, c.block, c.radix_bits, has_stats)
     fused_ch, fused_wb = _write_chunk(tile, num_warps, c.tile_write, fused and c.ballot_write)
+    fallback_kw = (fallback_launch(topk, cap, n, c.fallback_split, c.fallback_slice, count_split, c.fallback_buffer,
+                                   c.fallback_block) if not fused else None)
+    # whole rows too few of whose keys pass go to the split fallback from retry_split keys on
+    retry_from = max(c.retry_split, c.fallback_split) if fallback_kw is not None and c.retry_split else 0
     filter_kw = LaunchKw(
         BW=filter_block // num_warps, NP=c.pieces, PIECE=piece, SPARSE=c.sparse, SIGMAS=float(c.sigmas),
         SLACK=float(c.sample_slack), LOW_BIT=c.sample_low_bit, BALLOT=bool(ballot), DEPTH=c.prefetch,
         DYNAMIC=bool(c.dynamic), FUSED=bool(fused), STW=tile // num_warps, CH=fused_ch, PRESAMPLE=presample,
         WB=fused_wb, num_warps=num_warps, **dict(common, W=num_warps), CAP=cap, SL=slices, RETRY=False,
-        SECOND=second, RETRIES=bool(count_retries), JITTER=c.sample_jitter, DEAL=c.filter_deal,
+        SECOND=second, RETRIES=bool(count_retries), JITTER=c.sample_jitter, DEAL=c.filter_deal, RETRY_FROM=retry_from,
         **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
     sample_kw = None
     if presample:
@@ -425,8 +440,6 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
                              SECOND=second, JITTER=c.sample_jitter, num_warps=max(1, min(16, runs * piece // 1024)))
     # split rows retry in a launch of their own (rows strided over its programs)
     retry_kw = LaunchKw(filter_kw, RETRY=True, DYNAMIC=False) if slices > 1 else None
-    fallback_kw = (fallback_launch(topk, cap, n, c.fallback_split, c.fallback_slice, count_split, c.fallback_buffer,
-                                   c.fallback_block) if not fused else None)
     selects = select_launches(common, tile, cap, c.select_warps, fused, c.tile_write, c.select_maxnreg,
                                c.ballot_write, c.fallback_split if fallback_kw is not None else 0)
     return c.programs_per_sm, num_warps, cap, sample_kw, filter_kw, retry_kw, selects, fallback_kw

@@ -592,6 +592,7 @@ if triton is not None:
         RETRIES: tl.constexpr,
         JITTER: tl.constexpr = False,
         DEAL: tl.constexpr = False,
+        RETRY_FROM: tl.constexpr = 0,
     ):
         """Rows longer than ``WHOLE`` (and at least ``sample_min``): the threshold
         ``(thr[row], tcol[row])`` (:func:`_sample_cut`) and the keys at or above it in lists
@@ -613,7 +614,9 @@ if triton is not None:
         one's. A whole row's program retries itself; split rows retry in a
         second launch (``RETRY``, after the first has counted every row): where fewer than
         ``K`` keys passed, each slice appends the keys between the deeper threshold and the
-        first (the keys above the first are in the list already). ``DEAL``: a whole row's
+        first (the keys above the first are in the list already); with ``RETRY_FROM``, a
+        whole row of at least that many keys does not retry (the select then queues it for
+        the split fallback). ``DEAL``: a whole row's
         blocks are dealt to the warps' lists (:func:`_block_cols`)."""
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
@@ -643,10 +646,12 @@ if triton is not None:
                                             _run_rank(K, s, length, SIGMAS, PIECE), length, spread, SLACK, LOW_BIT)
                     total = _filter_range(base, 0, length, cand, cnt_ptr + row * W, t, tc, W, BW, WCAP, BALLOT,
                                           DEPTH, False, DEAL)
-                    if total < K:
-                        # too few keys passed (rare): once more, twice as many sigmas deep into
-                        # the sample (read again, so that it is not held in registers through
-                        # the pass)
+                    # too few keys passed (rare): once more, twice as many sigmas deep into
+                    # the sample (read again, so that it is not held in registers through the
+                    # pass); a row of at least RETRY_FROM keys goes to the split fallback
+                    # instead, whose passes are spread over many programs (this one's pass
+                    # over a long row holds up the launch)
+                    if (total < K) & ((RETRY_FROM == 0) | (length < RETRY_FROM)):
                         if RETRIES:
                             tl.atomic_add(stats_ptr + 4, 1)
                         if SECOND:
@@ -710,8 +715,8 @@ if triton is not None:
         keys (the recent end no denser than the rest). Runs of a few sectors read little
         more than the keys they sample, and many runs leave no stretch of the row unseen (a
         ramp, a run of recent keys scoring high). Run ``j`` lies in the window of ``spread``
-        keys from ``j * spread``: at its start, or with ``JITTER`` at a multiple of ``PIECE``
-        keys (whole 64-byte pieces where the row starts at one) within it taken from a golden-ratio sequence over the runs (runs at one fixed stride
+        keys from ``j * spread``: at its start, or with ``JITTER`` at a multiple of 8 keys
+        within it taken from a golden-ratio sequence over the runs (runs at one fixed stride
         miss every large key of a structure with the same period). Returns the sampled
         columns, their mask and count, and the spacing of the runs."""
         runs = tl.minimum(tl.maximum(length // (SPARSE * PIECE), 1), NP)
@@ -721,7 +726,7 @@ if triton is not None:
         if JITTER:
             # (pp * 40503 may wrap: its low 16 bits still step by the golden ratio of 2**16)
             h = ((pp * 40503) & 0xFFFF).to(tl.int64)
-            col += ((h * ((spread - plen) // PIECE + 1)) >> 16).to(tl.int32) * PIECE
+            col += ((h * ((spread - plen) // 8 + 1)) >> 16).to(tl.int32) * 8
         return col, (pp < runs) & (pj < plen), runs * plen, spread
 
     @triton.jit
