@@ -163,6 +163,36 @@ def test_a_chunk_passes_2_gib_only_for_backends_indexing_logits_with_64_bit_offs
     assert chunk_end(get_backend("deepgemm"), p, 0, m, 2**31)[0] < m
 
 
+def test_a_chunk_cut_by_the_budget_ends_at_a_multiple_of_the_backends_row_quantum():
+    # a backend whose logits kernel steps every 16 rows: budget cuts land on multiples of 16
+    # (never below one step), request boundaries and the last chunk stay where they are
+    from indexer.backends import get_backend
+    from indexer.backends.base import chunk_end
+    from indexer.problem import validate
+
+    class Stepped(type(get_backend("torch"))):
+        def chunk_rows_quantum(self, problem):
+            return 16
+
+    inp = make_inputs([4000, 300], [100, 250], heads=2, head_dim=32)
+    p, _ = validate(*inp.args(), 8)
+    be, plain = Stepped(), get_backend("torch")
+    budget = int(be.chunk_bytes(torch.tensor(37), torch.tensor(4000), p))  # 37 rows of the first request
+    cuts = {}
+    for name, backend in (("stepped", be), ("plain", plain)):
+        start, ends = 0, []
+        while start < p.num_rows:
+            end, _, _ = chunk_end(backend, p, start, p.num_rows, budget)
+            ends.append(end)
+            start = end
+        cuts[name] = ends
+    assert cuts["plain"] == [37, 74, 100, 350]
+    assert cuts["stepped"] == [32, 64, 100, 350]
+    # a budget under one step keeps what fits
+    small = int(be.chunk_bytes(torch.tensor(10), torch.tensor(4000), p))
+    assert chunk_end(be, p, 0, p.num_rows, small)[0] == 10
+
+
 def test_torch_path_ranks_nans_highest_and_ties_them_to_the_lowest_columns():
     # NaN == NaN is false, so a plain "x > kth" / "x == kth" tie rule loses NaNs: with the
     # k-th value +inf, the NaNs (ranked above it by torch.topk) must stay in; with the k-th

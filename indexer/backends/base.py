@@ -129,6 +129,12 @@ class Backend(abc.ABC):
                 row_starts), ``-1`` padded.
         """
 
+    def chunk_rows_quantum(self, problem: Problem) -> int:
+        """Rows a chunk cut short by the budget is best a multiple of: where the logits
+        kernel gives each SM whole blocks of rows, a row count between two multiples of
+        (rows a block) x (SMs) costs the time of the next one. 1: no such step."""
+        return 1
+
     def notes(self, problem: Problem) -> list[str]:
         """What the backend does differently for ``problem`` while still supporting it
         (shown by ``info`` and kept in :class:`indexer.StepInfo`)."""
@@ -229,6 +235,11 @@ def chunk_end(backend: Backend, problem: Problem, start: int, stop: int, budget:
         if take < window or window == stop - start:
             break
         window = min(stop - start, 2 * window)
+    if take < window and not bool(apart[take]):
+        # cut by the budget (not at a request's start): to whole steps of the logits kernel
+        quantum = backend.chunk_rows_quantum(problem)
+        if take >= quantum > 1:
+            take = take // quantum * quantum
     take = max(1, take)
     end = start + take
     if width[take - 1] == 0:

@@ -178,6 +178,20 @@ class DeepGemmBackend(Backend):
             notes.append(f"logits by {found}")
         return notes
 
+    def chunk_rows_quantum(self, problem: Problem) -> int:
+        # sm90's kernel gives each of DeepGEMM's SMs (deep_gemm.get_num_sms()) one block of
+        # 128 / heads rows at a time: its time steps up at every multiple of (rows a block) x
+        # (SMs) rows. Measured on an H200 at 1M keys a row: 341 rows took 8.34 ms, 264 took
+        # 3.87 (docs/benchmarks.md). sm100 schedules by its own metadata: no step assumed
+        arch = platform_for_device(problem.device).arch
+        hp = padded_heads(problem.num_heads, arch)
+        if arch != "sm90" or hp is None or problem.device.type != "cuda":
+            return 1
+        deep_gemm, _, _ = _import_deep_gemm()
+        sms = getattr(deep_gemm, "get_num_sms", None)
+        sms = sms() if sms is not None else torch.cuda.get_device_properties(problem.device).multi_processor_count
+        return max(1, 128 // hp) * sms
+
     def chunk_bytes(self, rows: torch.Tensor, width: torch.Tensor, problem: Problem) -> torch.Tensor:
         # DeepGEMM's padded float32 rows, the tie check's compare mask, the top-k's temporaries
         return rows * (_align(width + 256, 256) * 4 + width + topk_row_bytes(problem))

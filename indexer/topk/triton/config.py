@@ -56,8 +56,9 @@ STAT_SPLIT = 5
 FALLBACK_SPLIT, FALLBACK_SLICE, FALLBACK_PROGRAMS_PER_SM = 32768, 16384, 8
 #: Whole rows of at least ``RETRY_SPLIT`` keys too few of whose keys pass the first
 #: threshold take the split fallback instead of a second pass by their filter program
-#: (``retry_split``).
-RETRY_SPLIT = 262144
+#: (``retry_split``): measured faster from 64K keys on (one such row among 1024: 0.86x the
+#: time at 64K, 0.66x at 2M, docs/benchmarks.md), so from the split fallback's own bound.
+RETRY_SPLIT = FALLBACK_SPLIT
 #: Keys a step of the split fallback's passes (at 512 the kernel takes 64 registers a
 #: thread and 8 programs fit an SM; at 2048 it took 96: docs/topk.md); int32 slots of a
 #: row's state before its per-slice counts (seven 32-bin digit histograms; the count of keys
