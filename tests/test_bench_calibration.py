@@ -128,7 +128,7 @@ def test_bench_topk_cpu(tmp_path, cpu_interpreter):
     pytest.importorskip("triton")
     out = tmp_path / "t.json"
     res = _run("bench", "topk", "--rows", "8", "--context", "2048", "--heads", "2", "--head-dim", "32", "--topk", "64",
-               "--repeats", "1", "--device", "cpu", "--json", str(out), env={"TRITON_INTERPRET": "1"})
+               "--repeats", "1", "--device", "cpu", "--e2e", "1024", "--json", str(out), env={"TRITON_INTERPRET": "1"})
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads(out.read_text())
     by_method = {r["method"]: r for r in data["topk"]}
@@ -137,6 +137,12 @@ def test_bench_topk_cpu(tmp_path, cpu_interpreter):
     sampled = by_method["triton"]["note"]
     assert "rows sampled" in sampled and float(sampled.split("%")[0]) > 0, sampled
     assert "cuda only" in by_method["flashinfer"]["note"]
+    # whole calls: prefill_topk with each top-k, plan + run, the logits alone; the same sets
+    ways = [r["way"] for r in data["e2e"]]
+    assert ways[:2] == ["prefill_topk, torch top-k", "prefill_topk, triton top-k"], ways
+    assert ways[2].startswith("plan.run") and ways[3].endswith("logits alone, one block"), ways
+    assert all(r["same"] == 1.0 and r["N"] == 1024 and r["M"] == 8 for r in data["e2e"])
+    assert data["e2e"][3]["over_logits"] == 1.0
 
 
 def test_bench_calibrate_exchange_stores_the_groups_fit(tmp_path):

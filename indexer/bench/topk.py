@@ -22,8 +22,9 @@ and each of ``--dist-rows``: torch.topk against the Triton kernel, with the frac
 on each of the kernel's paths and, where long rows are split across programs, the same call
 on whole rows side by side.
 
-``--e2e`` adds whole replicated ``prefill_topk`` calls (logits + top-k, one rank) with each
-top-k choice, on the first ``--context``.
+``--e2e`` adds whole replicated calls (logits + top-k, one rank) of the last ``--rows``
+rows of each given N: ``prefill_topk`` with each top-k choice and ``indexer.plan`` +
+``StepPlan.run``, each over the backend's logits alone on one ``[M, N]`` block.
 
 ``--fused`` adds logits + top-k of the same late chunk three ways, side by side: DeepGEMM's
 logits then the Triton top-k (where DeepGEMM runs), Triton's logits then the Triton top-k,
@@ -51,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topk", type=int, default=2048)
     p.add_argument("--backend", default=None, help="backend whose logits are used (default: automatic dispatch)")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--e2e", default=None, help="comma-separated N for whole prefill_topk calls with each top-k choice")
+    p.add_argument("--e2e", default=None, help="comma-separated N for whole calls (prefill_topk with each top-k choice, plan.run) against the logits alone")
     p.add_argument("--fused", default=None, help="comma-separated N: logits + top-k unfused (DeepGEMM, Triton) "
                                                    "and fused (Triton), side by side")
     from ..synthetic import LOGIT_DISTRIBUTIONS
@@ -416,10 +417,14 @@ def _tune(args: argparse.Namespace, device: torch.device):
 
 
 def _end_to_end(args: argparse.Namespace, device: torch.device) -> list[dict]:
-    """Whole replicated ``prefill_topk`` calls, once per top-k choice, side by side."""
+    """Whole replicated calls (logits + top-k, one rank), side by side: ``prefill_topk`` with
+    each top-k choice, and ``indexer.plan`` once then ``StepPlan.run`` (the default top-k),
+    each against the backend's logits alone on the rows' one ``[M, N]`` block."""
     import indexer
 
+    from ..backends.base import single_chunk
     from ..platform import platform_key
+    from ..problem import validate
     from ..synthetic import make_inputs
 
     var = f"INDEXER_{platform_key(device).upper()}_TOPK"
@@ -435,20 +440,39 @@ def _end_to_end(args: argparse.Namespace, device: torch.device) -> list[dict]:
                 call = lambda: indexer.prefill_topk(*inp.args(), args.topk, backend=args.backend)  # noqa: E731
                 ms = median_ms(call, device, warmup=1, repeats=args.repeats)
                 results[choice] = call()
-                rows.append(dict(N=n, M=m, topk_choice=choice, ms=ms))
-            same = _same(results["torch"], results["triton"])
-            base = rows[-2]["ms"]
-            for r in rows[-2:]:
-                r["speedup"] = base / r["ms"]
-                r["same"] = same
+                rows.append(dict(N=n, M=m, way=f"prefill_topk, {choice} top-k", ms=ms))
+            if saved is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = saved
+            step = indexer.plan(inp.row_starts.cpu(), inp.row_ends.cpu(), num_keys=n, heads=args.heads,
+                                head_dim=args.head_dim, topk=args.topk, device=device, fp8_dtype=inp.q.dtype,
+                                backend=args.backend)
+            out = torch.empty(m, args.topk, dtype=torch.int32, device=device)
+            ms = median_ms(lambda: step.run(inp.q, inp.k, inp.k_scale, inp.weights, out=out), device, warmup=1,
+                           repeats=args.repeats)
+            results["plan"] = out
+            rows.append(dict(N=n, M=m, way=f"plan.run ({len(step.chunks)} chunks)", ms=ms))
+            # the plan's backend computing the rows' logits as one block
+            problem, inputs = validate(*inp.args(), args.topk)
+            chunk = single_chunk(step.backend, problem, (0, m), (0, n))
+            logits_ms = median_ms(lambda: step.backend.logits(problem, inputs, chunk), device, warmup=1,
+                                  repeats=args.repeats)
+            rows.append(dict(N=n, M=m, way=f"{step.backend.name} logits alone, one block", ms=logits_ms))
+            del step, chunk
+            same = min(_same(results["torch"], results[way]) for way in ("triton", "plan"))
+            base = rows[-4]["ms"]
+            for r in rows[-4:]:
+                r.update(speedup=base / r["ms"], over_logits=r["ms"] / logits_ms, same=same)
     finally:
         if saved is None:
             os.environ.pop(var, None)
         else:
             os.environ[var] = saved
-    print(f"end to end, replicated prefill_topk (logits + top-k), backend {args.backend or 'auto'}:")
-    print(table(rows, [("N", "keys N", "d"), ("M", "rows M", "d"), ("topk_choice", "INDEXER_TOPK", "s"),
-                       ("ms", "ms", ".2f"), ("speedup", "vs torch", ".2f"), ("same", "same set", ".1%")]))
+    print(f"end to end, replicated (logits + top-k), backend {args.backend or 'auto'}:")
+    print(table(rows, [("N", "keys N", "d"), ("M", "rows M", "d"), ("way", "way", "s"), ("ms", "ms", ".2f"),
+                       ("speedup", "vs torch top-k", ".2f"), ("over_logits", "x logits alone", ".3f"),
+                       ("same", "same set", ".1%")]))
     return rows
 
 
