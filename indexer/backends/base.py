@@ -78,9 +78,6 @@ class Backend(abc.ABC):
     """Whether :meth:`logits` writes into the plan's workspace (else its kernel allocates)."""
     max_chunk_rows: ClassVar[int | None] = None
     """Cap on rows per chunk, for kernels whose arithmetic changes with the row count."""
-    max_chunk_bytes: ClassVar[int | None] = MAX_CHUNK_BYTES
-    """Cap on one chunk's float32 logits block in bytes (as :meth:`logits_alloc_bytes`
-    counts them), for kernels that index it with 32-bit offsets; ``None``: the budget alone."""
     strided_out: ClassVar[bool] = True
     """Whether :meth:`topk` writes an ``out`` with any row stride (else a run gives it a
     contiguous table and copies)."""
@@ -128,6 +125,12 @@ class Backend(abc.ABC):
             out: int32 ``[R, topk]`` (column stride 1); row-relative indices (key -
                 row_starts), ``-1`` padded.
         """
+
+    def max_chunk_bytes(self, problem: Problem) -> int | None:
+        """Cap on one chunk's float32 logits block in bytes (as :meth:`logits_alloc_bytes`
+        counts them), for kernels that index it with 32-bit offsets; ``None``: the budget
+        alone."""
+        return MAX_CHUNK_BYTES
 
     def chunk_rows_quantum(self, problem: Problem) -> int:
         """Rows a chunk cut short by the budget is best a multiple of: where the logits
@@ -208,7 +211,7 @@ def chunk_end(backend: Backend, problem: Problem, start: int, stop: int, budget:
     chunks stays linear in M.
     """
     big = torch.iinfo(torch.int64).max
-    cap = backend.max_chunk_bytes
+    cap = backend.max_chunk_bytes(problem)
     window = max(1, min(stop - start, hint))
     while True:
         starts = problem.starts_host[start : start + window]
