@@ -143,33 +143,24 @@ def test_chunks_end_at_request_boundaries_and_scan_is_bounded():
     assert cuts == [100, 400, 450]  # one chunk per request, whatever the scan window
 
 
-@pytest.mark.parametrize("choice", ["triton", "torch"])
-def test_a_chunk_passes_2_gib_only_where_every_kernel_takes_64_bit_offsets(choice, monkeypatch):
-    # the last 1024 rows of a 1M-key request: 4 GiB of float32 logits. The torch backend
-    # (32-bit offsets stand-in) cuts that at 2 GiB; DeepGEMM with the Triton top-k (both
-    # 64-bit row offsets) takes it whole where the budget allows; with the torch top-k it
-    # keeps the 2 GiB chunks
-    import indexer.backends.deepgemm as dg
+def test_a_chunk_passes_2_gib_only_for_backends_indexing_logits_with_64_bit_offsets():
+    # the last 1024 rows of a 1M-key request: 4 GiB of float32 logits. Backends whose kernels
+    # index them with 32-bit offsets (the torch backend stands for them) cut that at 2 GiB;
+    # DeepGEMM (64-bit row offsets, as both top-k paths) takes it whole where the budget allows
     from indexer.backends import get_backend
     from indexer.backends.base import chunk_end
     from indexer.problem import make_problem
     from indexer.workspace import MAX_CHUNK_BYTES
 
-    monkeypatch.setattr(dg, "topk_choice", lambda device: choice)
     n, m = 1 << 20, 1024
     ends = torch.arange(n - m + 1, n + 1)
     p = make_problem(torch.zeros(m, dtype=torch.int64), ends, num_keys=n, heads=64, head_dim=128, topk=2048)
     torch_end, lo, hi = chunk_end(get_backend("torch"), p, 0, m, 2**40)
     assert 0 < torch_end < m
     assert get_backend("torch").logits_alloc_bytes(torch.tensor(torch_end), torch.tensor(hi - lo)) <= MAX_CHUNK_BYTES
-    end, lo, hi = chunk_end(get_backend("deepgemm"), p, 0, m, 2**40)
-    if choice == "triton":
-        assert (end, lo, hi) == (m, 0, n)
-        # the budget still applies
-        assert chunk_end(get_backend("deepgemm"), p, 0, m, 2**31)[0] < m
-    else:
-        assert end < m
-        assert get_backend("deepgemm").logits_alloc_bytes(torch.tensor(end), torch.tensor(hi - lo)) <= MAX_CHUNK_BYTES
+    assert chunk_end(get_backend("deepgemm"), p, 0, m, 2**40) == (m, 0, n)
+    # the budget still applies
+    assert chunk_end(get_backend("deepgemm"), p, 0, m, 2**31)[0] < m
 
 
 def test_a_chunk_cut_by_the_budget_ends_at_a_multiple_of_the_backends_row_quantum():

@@ -26,7 +26,7 @@ from ...partition import CostModel
 from ...platform import current_platform, platform_for_device
 from ...problem import LayerInputs, Problem
 from ..base import Backend, Chunk
-from ...topk import bind_topk, prepare_topk, topk_choice, topk_row_bytes
+from ...topk import bind_topk, prepare_topk, topk_row_bytes
 
 _ARCH_HEADS = {"sm90": (32, 64), "sm100": (8, 16, 32, 64), "sm103": (8, 16, 32, 64)}
 
@@ -176,10 +176,9 @@ class DeepGemmBackend(Backend):
 
     def max_chunk_bytes(self, problem: Problem) -> int | None:
         # DeepGEMM's logits kernels (sm90, sm100) and its clean pass index the block with
-        # 64-bit row offsets, as does the Triton top-k: with it a chunk may pass 2 GiB (1M
-        # keys x 1024 rows: 2 chunks at the default budget instead of 3). The torch top-k
-        # keeps the 2 GiB chunks it was measured with
-        return None if topk_choice(problem.device) == "triton" else super().max_chunk_bytes(problem)
+        # 64-bit row offsets, as do both top-k paths (the Triton kernel's row offsets, torch):
+        # a chunk may pass 2 GiB (1M keys x 1024 rows: 2 chunks at the default budget, not 3)
+        return None
 
     def chunk_rows_quantum(self, problem: Problem) -> int:
         # sm90's kernel gives each of DeepGEMM's SMs (deep_gemm.get_num_sms()) one block of
