@@ -305,18 +305,23 @@ def test_split_rows_retry_in_a_second_launch(slices, topk, path):
     assert stats[path] == 3, stats
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(presample=True), dict(slices=2), dict(slices=4)])
-def test_retried_rows_are_counted_with_a_fifth_stats_entry(kw):
-    # the unlucky rows retry (exactly r keys reach the first threshold, fewer than k=16);
-    # the other rows of the block do not; four entries count no retries
+def _short_rows():
+    # six rows of 2048 keys; the first three have large keys only where SMALL_SAMPLE's runs
+    # read (keys 0-7 of every 32), so fewer than k=16 keys reach their first threshold
     n = 2048
     col = torch.arange(n)
     g = torch.Generator().manual_seed(12)
     vals = torch.randn(6, n, generator=g)
     vals[:3] = torch.rand(3, n, generator=g) - 10.0
     vals[:3, (col // 8) % 4 == 0] += 20.0
-    starts = torch.zeros(6, dtype=torch.int64)
-    lengths = torch.full((6,), n, dtype=torch.int64)
+    return vals, torch.zeros(6, dtype=torch.int64), torch.full((6,), n, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(presample=True), dict(slices=2), dict(slices=4)])
+def test_retried_rows_are_counted_with_a_fifth_stats_entry(kw):
+    # the unlucky rows retry (exactly r keys reach the first threshold, fewer than k=16);
+    # the other rows of the block do not; four entries count no retries
+    vals, starts, lengths = _short_rows()
     out = torch.empty(6, 16, dtype=torch.int32, device=DEVICE)
     for entries, retried in ((5, 3), (4, None)):
         stats = torch.zeros(entries, dtype=torch.int32, device=DEVICE)
@@ -336,14 +341,7 @@ def test_long_whole_rows_short_of_k_keys_take_the_split_fallback_instead_of_a_re
     # Rows of 2048 keys, split fallback from 1024: with retry_split 1024 they skip the
     # filter program's second pass and are selected by the split fallback; with 0 (never) or
     # 4096 (longer rows only) they retry and keep the sampled path. The same set every way
-    n = 2048
-    col = torch.arange(n)
-    g = torch.Generator().manual_seed(12)
-    vals = torch.randn(6, n, generator=g)
-    vals[:3] = torch.rand(3, n, generator=g) - 10.0
-    vals[:3, (col // 8) % 4 == 0] += 20.0
-    starts = torch.zeros(6, dtype=torch.int64)
-    lengths = torch.full((6,), n, dtype=torch.int64)
+    vals, starts, lengths = _short_rows()
     out = torch.empty(6, 16, dtype=torch.int32, device=DEVICE)
     stats = torch.zeros(6, dtype=torch.int32, device=DEVICE)
     cfg = _cfg(cap=4096, slices=1, retry_split=retry_split, fallback_split=1024, fallback_slice=512, **SMALL_SAMPLE)
