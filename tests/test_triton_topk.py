@@ -872,7 +872,8 @@ def test_configs_are_frozen():
 @pytest.mark.parametrize("field,bad", [("prefetch", 2.0), ("num_warps", True), ("slices", 2.0), ("fused", 1),
                                        ("fallback_buffer", 1000), ("fallback_buffer", -16), ("fallback_buffer", 8192),
                                        ("fallback_block", 64), ("fallback_block", 512.0), ("retry_split", -1),
-                                       ("retry_split", 2.0), ("filter_deal", 1), ("sample_jitter", None)])
+                                       ("retry_split", 2.0), ("filter_deal", 1), ("sample_jitter", None),
+                                       ("fallback_prefetch", 0), ("fallback_prefetch", 4)])
 def test_a_config_with_a_value_of_the_wrong_type_cannot_be_made(field, bad):
     with pytest.raises(ValueError, match=field):
         dataclasses.replace(TC.DEFAULT_CONFIG, **{field: bad})
@@ -974,21 +975,29 @@ def _check_split(logits, masked, starts, lengths, topk, **kw):
 BUFFERS = [0, 16, TC.FALLBACK_BUFFER]
 
 
+# the split fallback's passes over slices of several steps, 1 and 3 steps' loads in flight
+STEPS = [dict(), dict(fallback_slice=512, fallback_block=128, fallback_prefetch=1),
+         dict(fallback_slice=512, fallback_block=128, fallback_prefetch=3)]
+
+
+@pytest.mark.parametrize("steps", STEPS)
 @pytest.mark.parametrize("buffer", BUFFERS)
 @pytest.mark.parametrize("quantize", [None, 4.0, 0.25])
-def test_split_fallback_selects_the_torch_set(quantize, buffer):
+def test_split_fallback_selects_the_torch_set(quantize, buffer, steps):
     # ragged windows, an empty row and one of exactly k keys; rows below and above the split
     # length; ties at the k-th key spanning slices (quantize 0.25: almost every key tied)
     topk = 40
     logits, masked, starts, lengths = _case(10, 1500, topk, seed=11, quantize=quantize, pad=3, min_length=100)
-    paths, split = _check_split(logits, masked, starts, lengths, topk, **SPLIT_FALLBACK, fallback_buffer=buffer)
+    paths, split = _check_split(logits, masked, starts, lengths, topk, **dict(SPLIT_FALLBACK, **steps),
+                                fallback_buffer=buffer)
     assert paths[TC.STAT_PLAIN] == int((lengths > topk).sum()), paths
     assert split == int((lengths >= 300).sum()) and split >= 5, (split, lengths)
 
 
+@pytest.mark.parametrize("steps", [STEPS[0], STEPS[2]])
 @pytest.mark.parametrize("buffer", BUFFERS)
 @pytest.mark.parametrize("dist", LOGIT_DISTRIBUTIONS)
-def test_split_fallback_selects_the_torch_set_on_every_distribution(dist, buffer):
+def test_split_fallback_selects_the_torch_set_on_every_distribution(dist, buffer, steps):
     # ties across the whole row (equal, few distinct, flat with outliers, ReLU zeros), ramps,
     # NaN-free extremes: digit histograms of one bin, k-th keys tied across every slice
     rows, n, topk = 3, 2000, 64
@@ -998,7 +1007,7 @@ def test_split_fallback_selects_the_torch_set_on_every_distribution(dist, buffer
     col = torch.arange(n)
     inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
     masked = torch.where(inside, logits, float("-inf"))
-    paths, split = _check_split(logits.to(DEVICE), masked, starts, lengths, topk, **SPLIT_FALLBACK,
+    paths, split = _check_split(logits.to(DEVICE), masked, starts, lengths, topk, **dict(SPLIT_FALLBACK, **steps),
                                 fallback_buffer=buffer)
     assert split == rows, (paths, split)
 

@@ -66,6 +66,9 @@ RETRY_SPLIT = FALLBACK_SPLIT
 #: needed, the passes ready and the items done); slots budgeted a slice: twice its key count
 #: and 32-bin histogram, room for the counts' padding to a power of two.
 FALLBACK_BLOCK, FALLBACK_STATE, FALLBACK_SLICE_SLOTS = 512, 7 * 32 + 7, 2 * (1 + 32)
+#: Steps of ``fallback_block`` keys whose loads a split fallback program has in flight
+#: ahead of the one it counts (``fallback_prefetch``).
+FALLBACK_PREFETCH = 1
 #: Keys at most in a split fallback row's buffer (``fallback_buffer``): once the digits found
 #: leave at most this many keys that could still be the k-th, one pass moves them to the
 #: buffer (and writes the keys above them), and one program finishes the row from there, the
@@ -160,6 +163,8 @@ class TopkConfig:
             digits leave no more than that many candidates for the k-th key, so that its
             remaining digit passes are not run (a power of two up to 4096, or ``0``: never).
             Smaller where the row's scratch left after its state holds fewer.
+        fallback_prefetch: Steps of ``fallback_block`` keys whose loads each split fallback
+            program keeps in flight ahead of the one it counts (1-3).
     """
 
     num_warps: int = 4
@@ -196,6 +201,7 @@ class TopkConfig:
     fallback_slice: int = FALLBACK_SLICE
     fallback_block: int = FALLBACK_BLOCK
     fallback_buffer: int = FALLBACK_BUFFER
+    fallback_prefetch: int = FALLBACK_PREFETCH
 
     def __post_init__(self) -> None:
         for name in ("fused", "tile_write", "dynamic", "ballot_write", "sample_jitter", "filter_deal"):
@@ -233,6 +239,8 @@ class TopkConfig:
                 and self.fallback_buffer <= 4096):
             raise ValueError(f"fallback_buffer must be 0 or a power of two of at most 4096, got "
                              f"{self.fallback_buffer!r}")
+        if not (_int(self.fallback_prefetch) and self.fallback_prefetch in (1, 2, 3)):
+            raise ValueError(f"fallback_prefetch must be 1, 2 or 3, got {self.fallback_prefetch!r}")
         if self.slices is not None and not (_int(self.slices) and _pow2(self.slices) and self.slices <= MAX_SLICES):
             raise ValueError(f"slices must be None or a power of two in 1-{MAX_SLICES}, got {self.slices!r}")
         if self.fused and self.slices is not None and self.slices > 1:
@@ -423,7 +431,7 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
     common = select_constexprs(topk, lists, cap, tile, c.block, c.radix_bits, has_stats)
     fused_ch, fused_wb = _write_chunk(tile, num_warps, c.tile_write, fused and c.ballot_write)
     fallback_kw = (fallback_launch(topk, cap, n, c.fallback_split, c.fallback_slice, count_split, c.fallback_buffer,
-                                   c.fallback_block) if not fused else None)
+                                   c.fallback_block, c.fallback_prefetch) if not fused else None)
     # whole rows too few of whose keys pass go to the split fallback from retry_split keys on
     retry_from = max(c.retry_split, c.fallback_split) if fallback_kw is not None and c.retry_split else 0
     filter_kw = LaunchKw(
@@ -447,7 +455,8 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
 
 
 def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, count: bool = False,
-                    buffer: int = FALLBACK_BUFFER, block: int = FALLBACK_BLOCK) -> LaunchKw | None:
+                    buffer: int = FALLBACK_BUFFER, block: int = FALLBACK_BLOCK,
+                    prefetch: int = FALLBACK_PREFETCH) -> LaunchKw | None:
     """Keywords of the split fallback's launch for rows of at most ``n`` keys, or ``None``
     where none is planned: ``split`` is 0 or above ``n``. Its per-row state (seven 32-bin digit
     histograms, seven slots of counts and digits found, a key count and a digit histogram a
@@ -455,21 +464,22 @@ def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, co
     ``slice_keys`` where a row would need more of them than fit; a ``cap`` too small for one slice's state, or rows within two
     slices of 2**31 keys (int32 column offsets), rule the launch out. The slots left after the
     state hold the row's buffer: ``BUF`` keys and their columns, at most ``buffer`` (a power of
-    two; 0 where fewer than 16 fit). Its passes step ``block`` keys at a time (at most a slice).
-    ``count``: it adds each row to ``stats[STAT_SPLIT]``."""
+    two; 0 where fewer than 16 fit). Its passes step ``block`` keys at a time (at most a slice),
+    with the loads of the next ``prefetch`` steps in flight. ``count``: it adds each row to
+    ``stats[STAT_SPLIT]``."""
     room = (2 * cap - FALLBACK_STATE) // FALLBACK_SLICE_SLOTS
     if split == 0 or n < split or room < 1:
         return None
     slice_keys = max(slice_keys, _next_pow2(-(-n // room)))
     slices = -(-n // slice_keys)
-    if n + 2 * slice_keys >= 1 << 31:
-        # its int32 column offsets (a slice's end, the block loaded ahead) would wrap
+    if n + (prefetch + 1) * slice_keys >= 1 << 31:
+        # its int32 column offsets (a slice's end, the blocks loaded ahead) would wrap
         return None
     nsp = _next_pow2(slices)
     free = (2 * cap - FALLBACK_STATE - nsp - 32 * slices) // 2
     buf = min(buffer, 1 << (free.bit_length() - 1)) if buffer and free > 0 else 0
     return LaunchKw(K=topk, REGION=2 * cap, SLICE=slice_keys, BLOCK=min(block, slice_keys), NS=slices,
-                    NSP=nsp, BUF=buf if buf >= 16 else 0, COUNT=bool(count), num_warps=4)
+                    NSP=nsp, BUF=buf if buf >= 16 else 0, COUNT=bool(count), AHEAD=prefetch, num_warps=4)
 
 
 def sample_runs(n: int, piece: int, sparse: int, sample_max: int) -> int:

@@ -832,7 +832,7 @@ if triton is not None:
 
     @triton.jit
     def _fallback_fill(base, obase, lo, hi, reg, wpos_ptr, buf, prefix, pmask, BLOCK: tl.constexpr,
-                       BUF: tl.constexpr):
+                       BUF: tl.constexpr, AHEAD: tl.constexpr):
         """Keys ``[lo, hi)`` of a fallback row whose digits found leave at most ``BUF`` keys
         matching ``prefix`` (under ``pmask``): the keys above those to the row's indices, the
         keys matching it (the key, then its column ``BUF`` slots on) to the buffer ``buf``,
@@ -840,10 +840,13 @@ if triton is not None:
         # the matching keys are one range of signed keys (the unsigned form's top bits fixed)
         least = prefix ^ -2147483648
         most = (prefix | ~pmask) ^ -2147483648
+        off = tl.arange(0, BLOCK)
+        a1, a2, a3 = _prime_ahead(base, lo, off, hi, BLOCK, AHEAD, BLOCK, 1, False)
         for c0 in range(lo, hi, BLOCK):
-            i = c0 + tl.arange(0, BLOCK)
+            i = c0 + off
             m = i < hi
-            key = _skey(tl.load(base + i, mask=m, other=0.0))
+            v, a1, a2, a3 = _shift_ahead(base, c0, off, hi, a1, a2, a3, BLOCK, AHEAD, True, BLOCK, 1, False)
+            key = _skey(v)
             _append_out(obase, wpos_ptr, m & (key > most), i)
             inside = (m & (key >= least) & (key <= most)).to(tl.int32)
             n = tl.sum(inside, axis=0)
@@ -885,7 +888,7 @@ if triton is not None:
 
     @triton.jit
     def _fallback_item(base, obase, lo, hi, reg, wpos_ptr, s, p, BLOCK: tl.constexpr, NS: tl.constexpr,
-                       NSP: tl.constexpr, BUF: tl.constexpr):
+                       NSP: tl.constexpr, BUF: tl.constexpr, AHEAD: tl.constexpr):
         """Pass ``p`` of a fallback row over its keys ``[lo, hi)`` (slice ``s``), with the digits
         found before it (:func:`_fallback_next`): ``p < 7`` adds the slice's histogram of digit
         ``p`` (among keys matching the digits above) to the row's, and keeps it at
@@ -907,7 +910,7 @@ if triton is not None:
         if (filled > 0) & (p >= filled):
             if BUF > 0:
                 if p == filled:
-                    _fallback_fill(base, obase, lo, hi, reg, wpos_ptr, buf, prefix, pmask, BLOCK, BUF)
+                    _fallback_fill(base, obase, lo, hi, reg, wpos_ptr, buf, prefix, pmask, BLOCK, BUF, AHEAD)
                 elif (p == filled + 1) & (s == 0):
                     # the row finished from the buffer, once; the passes after do nothing
                     _fallback_finish(obase, reg, wpos_ptr, buf, prefix, pmask, tl.load(reg + _FB_NEED, volatile=True),
@@ -927,15 +930,15 @@ if triton is not None:
                 mine = tl.sum(tl.where(bins == prev, tl.load(own + bins, volatile=True), 0), axis=0)
             if mine > 0:
                 hist = tl.zeros((32,), tl.int32)
-                # the next block's load in flight while this one is counted
-                v = tl.load(base + lo + tl.arange(0, BLOCK), mask=lo + tl.arange(0, BLOCK) < hi, other=0.0)
+                # the next AHEAD blocks' loads in flight while this one is counted
+                off = tl.arange(0, BLOCK)
+                a1, a2, a3 = _prime_ahead(base, lo, off, hi, BLOCK, AHEAD, BLOCK, 1, False)
                 for c0 in range(lo, hi, BLOCK):
-                    i = c0 + tl.arange(0, BLOCK)
+                    i = c0 + off
                     m = i < hi
-                    ahead = tl.load(base + i + BLOCK, mask=i + BLOCK < hi, other=0.0)
+                    v, a1, a2, a3 = _shift_ahead(base, c0, off, hi, a1, a2, a3, BLOCK, AHEAD, True, BLOCK, 1, False)
                     u = _skey(v) ^ -2147483648
                     hist += tl.histogram((u >> shift) & dmask, 32, mask=m & ((u & pmask) == prefix))
-                    v = ahead
                 tl.store(own + bins, hist)
                 tl.atomic_add(reg + 32 * p + bins, hist, mask=hist > 0, sem="relaxed")
         else:
@@ -943,10 +946,13 @@ if triton is not None:
             kth = prefix ^ -2147483648
             if p == 7:
                 eqn = tl.full((), 0, tl.int32)
+                off = tl.arange(0, BLOCK)
+                a1, a2, a3 = _prime_ahead(base, lo, off, hi, BLOCK, AHEAD, BLOCK, 1, False)
                 for c0 in range(lo, hi, BLOCK):
-                    i = c0 + tl.arange(0, BLOCK)
+                    i = c0 + off
                     m = i < hi
-                    key = _skey(tl.load(base + i, mask=m, other=0.0))
+                    v, a1, a2, a3 = _shift_ahead(base, c0, off, hi, a1, a2, a3, BLOCK, AHEAD, True, BLOCK, 1, False)
+                    key = _skey(v)
                     _append_out(obase, wpos_ptr, m & (key > kth), i)
                     eqn += tl.sum((m & (key == kth)).to(tl.int32), axis=0)
                 tl.store(reg + _FB_ZEROED + s, eqn)
@@ -975,6 +981,7 @@ if triton is not None:
         NSP: tl.constexpr,
         COUNT: tl.constexpr,
         BUF: tl.constexpr,
+        AHEAD: tl.constexpr = 1,
     ):
         """The fallback path of the rows the first select launch queued (``ctl[3]`` of them
         at ``ctl[5 + rows:]``), each split into ``NS`` slices of ``SLICE`` keys: a radix
@@ -988,7 +995,8 @@ if triton is not None:
         pass before (its count of items done, ``reg[_FB_DONE]``) finds the next digit
         (:func:`_fallback_next`) and then marks it so. Items are taken in that order, so an
         awaited item is always held by a running program: a program never waits on one that
-        has not started, and the grid need not fit the GPU at once. An empty queue costs a
+        has not started, and the grid need not fit the GPU at once. ``AHEAD``: steps of ``BLOCK``
+        keys whose loads a pass keeps in flight. An empty queue costs a
         program a load and an atomic. ``COUNT``: each row adds 1 to ``stats[5]``."""
         queued = tl.load(ctl_ptr + 3)
         per_pass = queued * NS
@@ -1010,7 +1018,7 @@ if triton is not None:
             if lo < length:
                 base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
                 _fallback_item(base, out_ptr + row * stride_om, lo, tl.minimum(lo + SLICE, length), reg,
-                               wpos_ptr + row, s, p, BLOCK, NS, NSP, BUF)
+                               wpos_ptr + row, s, p, BLOCK, NS, NSP, BUF, AHEAD)
             # every thread's writes of this item before its count; the row's last item of the
             # pass (its count acquiring every other item's) finds the next digit once for all
             # of the next pass's items, then releases them
