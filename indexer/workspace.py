@@ -25,8 +25,9 @@ import torch
 log = logging.getLogger("indexer")
 
 MAX_CHUNK_BYTES = 2**31 - 1
-"""Cap on one chunk's float32 logits: kernels index them with 32-bit offsets (AITER's
-failed past 2 GiB upstream)."""
+"""Cap on one chunk's float32 logits for backends whose kernels index them with 32-bit
+offsets (AITER's failed past 2 GiB upstream): ``Backend.max_chunk_bytes``'s default; also the
+most the logits workspace holds."""
 
 _lock = threading.Lock()
 _buffers: dict[tuple[torch.device, int], tuple[torch.Tensor, int]] = {}  # -> (buffer, budget bytes)

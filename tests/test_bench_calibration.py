@@ -140,9 +140,8 @@ def test_bench_topk_cpu(tmp_path, cpu_interpreter):
     # whole calls: prefill_topk with each top-k, plan + run, the logits alone; the same sets
     ways = [r["way"] for r in data["e2e"]]
     assert ways[:2] == ["prefill_topk, torch top-k", "prefill_topk, triton top-k"], ways
-    assert ways[2].startswith("plan.run") and ways[3].endswith("logits alone, one block"), ways
-    assert all(r["same"] == 1.0 and r["N"] == 1024 and r["M"] == 8 for r in data["e2e"])
-    assert data["e2e"][3]["over_logits"] == 1.0
+    assert ways[2].startswith("plan.run") and "logits alone" in ways[3], ways
+    assert all(r["same"] == 1.0 and r["N"] == 1024 and r["M"] == 8 and r["ms"] > 0 for r in data["e2e"])
 
 
 def test_bench_calibrate_exchange_stores_the_groups_fit(tmp_path):

@@ -114,8 +114,8 @@ def _topk_kernels(arch: str, presample: bool, fused: bool, slices: int) -> None:
     if not presample and not fused:
         # the filter's own sample with its runs jittered (sample_jitter)
         _compile(TK.filter_kernel, _FILTER_SIG, dict(filter_kw, JITTER=True), arch)
-    if not fused:
-        # the blocks dealt to the warps' lists (filter_deal)
+    if not fused and slices == 1:
+        # the blocks dealt to the warps' lists (filter_deal; a split row's one list has none)
         _compile(TK.filter_kernel, _FILTER_SIG, dict(filter_kw, DEAL=True), arch)
     if retry_kw is not None:
         _compile(TK.filter_kernel, _FILTER_SIG, retry_kw, arch)
@@ -129,8 +129,9 @@ def _topk_kernels(arch: str, presample: bool, fused: bool, slices: int) -> None:
     if fallback_kw is not None:
         assert fallback_kw["BUF"] > 0
         _compile(TK.fallback_kernel, _FALLBACK_SIG, fallback_kw, arch)
-        # without the buffer (fallback_buffer=0)
+        # without the buffer (fallback_buffer=0), and 3 steps' loads in flight (fallback_prefetch)
         _compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, BUF=0), arch)
+        _compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, AHEAD=3), arch)
 
 
 def _nvidia_topk_kernels(slices: int) -> None:
@@ -146,8 +147,9 @@ def _nvidia_topk_kernels(slices: int) -> None:
     # the filter's PTX step: warp lists (slices=1) or the row's shared list and its atomic counter
     ptx = ("vote.sync.ballot", "st.global.v2.b32") + (("atom.global.add.u32",) if slices > 1 else ())
     _nvidia_compile(TK.filter_kernel, _FILTER_SIG, filter_kw, ptx)
-    # the blocks dealt to the warps' lists (filter_deal)
-    _nvidia_compile(TK.filter_kernel, _FILTER_SIG, dict(filter_kw, DEAL=True), ptx)
+    if slices == 1:
+        # the blocks dealt to the warps' lists (filter_deal; a split row's one list has none)
+        _nvidia_compile(TK.filter_kernel, _FILTER_SIG, dict(filter_kw, DEAL=True), ptx)
     if retry_kw is not None:
         _nvidia_compile(TK.filter_kernel, _FILTER_SIG, retry_kw, ())
     _nvidia_compile(TK.sample_kernel, _SAMPLE_SIG, sample_kw, ())
@@ -158,6 +160,8 @@ def _nvidia_topk_kernels(slices: int) -> None:
     # release it
     _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, fallback_kw, (".acquire.", ".release."))
     _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, BUF=0), (".acquire.", ".release."))
+    for ahead in (2, 3):
+        _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, AHEAD=ahead), (".acquire.", ".release."))
 
 
 def _logits_kernels(arch: str) -> None:

@@ -193,6 +193,45 @@ def test_a_chunk_cut_by_the_budget_ends_at_a_multiple_of_the_backends_row_quantu
     assert chunk_end(be, p, 0, p.num_rows, small)[0] == 10
 
 
+def _peak_bytes(fn):
+    # the CPU profiler's allocation records, summed in time order: the peak of live bytes
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    records = sorted((ev.start_ns(), ev.nbytes()) for ev in prof.profiler.kineto_results.events()
+                     if ev.name() == "[memory]")
+    live = peak = 0
+    for _, nbytes in records:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+@pytest.mark.parametrize("sync_free,tied", [(True, False), (False, False), (False, True)])
+def test_chunk_budgets_cover_the_torch_top_ks_temporaries(sync_free, tied):
+    # the torch path's temporaries grow with the block (int64 keys of an eighth of the rows
+    # on the sync-free path, the tie fix-up's masks on the CPU's): the budget's per-column
+    # bytes cover their measured peak; the Triton top-k's scratch does not grow with the width
+    from indexer.problem import make_problem
+    from indexer.topk import row_topk, topk_bytes
+    from indexer.topk.choice import TORCH_TOPK_COLUMN_BYTES
+    from indexer.topk.triton.config import scratch_bytes_per_row
+
+    r, w, k = 64, 1 << 14, 256
+    x = torch.randn(r, w, generator=torch.Generator().manual_seed(1))
+    if tied:
+        x = (x * 4).round() / 4
+    starts, lengths = torch.zeros(r, dtype=torch.int64), torch.full((r,), w, dtype=torch.int64)
+    out = torch.empty(r, k, dtype=torch.int32)
+    peak = _peak_bytes(lambda: row_topk(x, starts, lengths, k, out, sync_free=sync_free))
+    p = make_problem(starts, lengths, num_keys=w, heads=1, head_dim=32, topk=k)
+    rows, width = torch.tensor(r), torch.tensor(w)
+    assert peak <= int(topk_bytes(p, rows, width, "torch"))
+    assert int(topk_bytes(p, rows, width, "torch")) == r * (12 * (k + 1) + TORCH_TOPK_COLUMN_BYTES * w)
+    assert int(topk_bytes(p, rows, width, "triton")) == r * scratch_bytes_per_row(k)
+
+
 def test_torch_path_ranks_nans_highest_and_ties_them_to_the_lowest_columns():
     # NaN == NaN is false, so a plain "x > kth" / "x == kth" tie rule loses NaNs: with the
     # k-th value +inf, the NaNs (ranked above it by torch.topk) must stay in; with the k-th

@@ -975,8 +975,9 @@ def _check_split(logits, masked, starts, lengths, topk, **kw):
 BUFFERS = [0, 16, TC.FALLBACK_BUFFER]
 
 
-# the split fallback's passes over slices of several steps, 1 and 3 steps' loads in flight
+# the split fallback's passes over slices of several steps, 1 to 3 steps' loads in flight
 STEPS = [dict(), dict(fallback_slice=512, fallback_block=128, fallback_prefetch=1),
+         dict(fallback_slice=512, fallback_block=128, fallback_prefetch=2),
          dict(fallback_slice=512, fallback_block=128, fallback_prefetch=3)]
 
 
@@ -994,7 +995,7 @@ def test_split_fallback_selects_the_torch_set(quantize, buffer, steps):
     assert split == int((lengths >= 300).sum()) and split >= 5, (split, lengths)
 
 
-@pytest.mark.parametrize("steps", [STEPS[0], STEPS[2]])
+@pytest.mark.parametrize("steps", [STEPS[0], STEPS[3]])
 @pytest.mark.parametrize("buffer", BUFFERS)
 @pytest.mark.parametrize("dist", LOGIT_DISTRIBUTIONS)
 def test_split_fallback_selects_the_torch_set_on_every_distribution(dist, buffer, steps):

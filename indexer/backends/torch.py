@@ -14,7 +14,7 @@ import torch
 from ..partition import CostModel
 from ..problem import LayerInputs, Problem
 from .base import Backend, Chunk
-from ..topk import prepare_topk
+from ..topk import prepare_topk, topk_bytes
 
 _F32_MAX = torch.finfo(torch.float32).max
 _COL_BLOCK = 1024
@@ -34,9 +34,8 @@ class TorchBackend(Backend):
 
     def chunk_bytes(self, rows: torch.Tensor, width: torch.Tensor, problem: Problem) -> torch.Tensor:
         cb = width.clamp_max(_COL_BLOCK)
-        # float32 logits + bool masks, float64 accumulator + head dot, topk values/indices
-        per_row = 6 * width + 16 * cb + 12 * problem.topk
-        return rows * per_row + cb * problem.head_dim * 8
+        # float32 logits + bool masks, float64 accumulator + head dot, the top-k's temporaries
+        return rows * (6 * width + 16 * cb) + topk_bytes(problem, rows, width, "torch") + cb * problem.head_dim * 8
 
     def prepare(self, problem: Problem, chunks) -> None:
         prepare_topk(problem, chunks, "torch")

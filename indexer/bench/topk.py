@@ -453,13 +453,26 @@ def _end_to_end(args: argparse.Namespace, device: torch.device) -> list[dict]:
                            repeats=args.repeats)
             results["plan"] = out
             rows.append(dict(N=n, M=m, way=f"plan.run ({len(step.chunks)} chunks)", ms=ms))
-            # the plan's backend computing the rows' logits as one block
+            # the plan's backend computing the rows' logits as one block, where it may (else in
+            # the plan's chunks, one after another)
+            backend = step.backend
             problem, inputs = validate(*inp.args(), args.topk)
-            chunk = single_chunk(step.backend, problem, (0, m), (0, n))
-            logits_ms = median_ms(lambda: step.backend.logits(problem, inputs, chunk), device, warmup=1,
-                                  repeats=args.repeats)
-            rows.append(dict(N=n, M=m, way=f"{step.backend.name} logits alone, one block", ms=logits_ms))
-            del step, chunk
+            cap, most = backend.max_chunk_bytes(problem), backend.max_chunk_rows
+            whole = (cap is None or int(backend.logits_alloc_bytes(torch.tensor(m), torch.tensor(n))) <= cap) and \
+                (most is None or m <= most)
+            if whole:
+                chunks, what = [single_chunk(backend, problem, (0, m), (0, n))], "one block"
+            else:
+                chunks = [single_chunk(backend, problem, c.rows, c.cols, c.compressed) for c in step.chunks if not c.empty]
+                what = f"the plan's {len(chunks)} chunks"
+
+            def logits_alone():
+                for c in chunks:
+                    backend.logits(problem, inputs, c)
+
+            logits_ms = median_ms(logits_alone, device, warmup=1, repeats=args.repeats)
+            rows.append(dict(N=n, M=m, way=f"{backend.name} logits alone, {what}", ms=logits_ms))
+            del step, chunks
             same = min(_same(results["torch"], results[way]) for way in ("triton", "plan"))
             base = rows[-4]["ms"]
             for r in rows[-4:]:

@@ -14,8 +14,8 @@ window's start, unordered, ``-1`` padded, ties at the k-th value going to the lo
 
 from __future__ import annotations
 
-from .choice import bind_topk, prepare_topk, topk_choice, topk_row_bytes
+from .choice import bind_topk, prepare_topk, topk_bytes, topk_choice, topk_row_bytes
 from .op import topk_per_row
 from .reference import row_topk
 
-__all__ = ["bind_topk", "prepare_topk", "row_topk", "topk_choice", "topk_per_row", "topk_row_bytes"]
+__all__ = ["bind_topk", "prepare_topk", "row_topk", "topk_bytes", "topk_choice", "topk_per_row", "topk_row_bytes"]

@@ -40,14 +40,30 @@ def topk_choice(device: torch.device) -> str:
     raise ValueError(f"{res.source} asks for the Triton top-k, but {'; '.join(reasons)}; set it to 'torch' or install triton")
 
 
-def topk_row_bytes(problem: Problem) -> int:
-    """Bytes per row of the chosen top-k's temporaries, for chunk budgets: torch.topk's k+1
-    values and indices, or the Triton kernel's candidate lists."""
-    if topk_choice(problem.device) == "triton":
+#: Peak bytes the torch top-k path's temporaries take a logit, measured with the CPU profiler
+#: (``row_topk`` on ``[64, 2**18]`` float32): 4.9 on the sync-free path (int64 keys of value and
+#: column for an eighth of the rows at a time, the GPUs' path), 0.25 on the CPU's path with no
+#: ties and 5.9 with every row tied at its k-th value.
+TORCH_TOPK_COLUMN_BYTES = 6
+
+
+def topk_row_bytes(problem: Problem, choice: str | None = None) -> int:
+    """Bytes per row of the chosen top-k's temporaries that do not grow with the row's width:
+    torch.topk's k+1 values and indices, or the Triton kernel's candidate lists."""
+    if (topk_choice(problem.device) if choice is None else choice) == "triton":
         from .triton.config import scratch_bytes_per_row
 
         return scratch_bytes_per_row(problem.topk)
     return 12 * (problem.topk + 1)
+
+
+def topk_bytes(problem: Problem, rows: torch.Tensor, width: torch.Tensor, choice: str | None = None) -> torch.Tensor:
+    """Bytes of the chosen top-k's temporaries for chunks of ``rows`` rows and ``width``
+    columns (int64 tensors), for chunk budgets: :func:`topk_row_bytes` a row, and for the torch
+    path :data:`TORCH_TOPK_COLUMN_BYTES` a column of every row."""
+    choice = topk_choice(problem.device) if choice is None else choice
+    per_column = 0 if choice == "triton" else TORCH_TOPK_COLUMN_BYTES
+    return rows * (topk_row_bytes(problem, choice) + per_column * width)
 
 
 def prepare_topk(problem: Problem, chunks: Sequence, choice: str | None = None) -> None:

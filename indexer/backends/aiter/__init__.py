@@ -27,7 +27,7 @@ from ...partition import CostModel
 from ...platform import current_platform, platform_for_device
 from ...problem import LayerInputs, Problem
 from ..base import Backend, Chunk
-from ...topk import bind_topk, prepare_topk, topk_row_bytes
+from ...topk import bind_topk, prepare_topk, topk_bytes
 
 LOGITS_MODULES = ("aiter.ops.triton.attention.fp8_mqa_logits", "aiter.ops.triton.fp8_mqa_logits")
 TOPK_MODULE = "aiter.ops.topk"
@@ -138,7 +138,8 @@ class AiterBackend(Backend):
 
     def chunk_bytes(self, rows: torch.Tensor, width: torch.Tensor, problem: Problem) -> torch.Tensor:
         # AITER's padded float32 rows, the top-k's output (ours where AITER has none)
-        return self.logits_alloc_bytes(rows, width) + rows * max(8 * problem.topk, topk_row_bytes(problem))
+        return self.logits_alloc_bytes(rows, width) + torch.maximum(rows * 8 * problem.topk,
+                                                                   topk_bytes(problem, rows, width))
 
     def logits_alloc_bytes(self, rows: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
         return rows * ((width + 255) // 256 * 256) * 4  # AITER pads rows to 256 columns

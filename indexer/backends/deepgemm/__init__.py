@@ -26,7 +26,7 @@ from ...partition import CostModel
 from ...platform import current_platform, platform_for_device
 from ...problem import LayerInputs, Problem
 from ..base import Backend, Chunk
-from ...topk import bind_topk, prepare_topk, topk_row_bytes
+from ...topk import bind_topk, prepare_topk, topk_bytes
 
 _ARCH_HEADS = {"sm90": (32, 64), "sm100": (8, 16, 32, 64), "sm103": (8, 16, 32, 64)}
 
@@ -195,8 +195,8 @@ class DeepGemmBackend(Backend):
         return max(1, 128 // hp) * sms
 
     def chunk_bytes(self, rows: torch.Tensor, width: torch.Tensor, problem: Problem) -> torch.Tensor:
-        # DeepGEMM's padded float32 rows, the tie check's compare mask, the top-k's temporaries
-        return rows * (_align(width + 256, 256) * 4 + width + topk_row_bytes(problem))
+        # DeepGEMM's padded float32 rows, the top-k's temporaries
+        return rows * _align(width + 256, 256) * 4 + topk_bytes(problem, rows, width)
 
     def logits_alloc_bytes(self, rows: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
         # rows padded to N + 256 rounded to 256 columns, row count to the q block (<= 16)

@@ -13,7 +13,7 @@ from ...partition import CostModel
 from ...platform import platform_for_device
 from ...problem import LayerInputs, Problem
 from ..base import Backend, Chunk
-from ...topk import bind_topk, prepare_topk, topk_row_bytes
+from ...topk import bind_topk, prepare_topk, topk_bytes
 
 _HEAD_DIMS = (32, 64, 128)
 _AMD_FP8_ARCHS = ("gfx942", "gfx950")
@@ -68,7 +68,7 @@ class TritonBackend(Backend):
 
     def chunk_bytes(self, rows: torch.Tensor, width: torch.Tensor, problem: Problem) -> torch.Tensor:
         # the float32 logits and the top-k's temporaries
-        return rows * (width * 4 + topk_row_bytes(problem))
+        return rows * width * 4 + topk_bytes(problem, rows, width)
 
     def topk(self, problem: Problem, chunk: Chunk, logits: torch.Tensor, out: torch.Tensor) -> None:
         chunk.state["topk"](logits, out)
