@@ -1052,19 +1052,23 @@ def test_a_narrow_scratch_keeps_fallback_rows_in_the_select_launch():
     assert paths[TC.STAT_PLAIN] == int((lengths > 16).sum()) and split == 0, (paths, split)
 
 
+def _periodic_rows(n, period, lo, hi, seed):
+    # three normal rows of n keys with the keys at offsets [lo, hi) of every `period` raised
+    # by 10 (whole-row windows)
+    col = torch.arange(n)
+    vals = torch.randn(3, n, generator=torch.Generator().manual_seed(seed))
+    vals[:, (col % period >= lo) & (col % period < hi)] += 10.0
+    return vals, torch.zeros(3, dtype=torch.int64), torch.full((3,), n, dtype=torch.int64)
+
+
 @pytest.mark.parametrize("slices", [1, 4])
 def test_jittered_runs_sample_a_structure_with_their_period(slices):
     # SMALL_SAMPLE's runs read keys 0-7 of every 32 (rows of 2048 keys); large keys at 16-23 of
     # every 32 are never sampled, so the threshold lets all 512 through and the lists (64
     # slots a warp, or a split row's 256) overflow into the fallback path. Runs jittered within
     # their windows see them in proportion: the rows keep the sampled path. Same sets both ways
-    n, topk = 2048, 16
-    col = torch.arange(n)
-    g = torch.Generator().manual_seed(12)
-    vals = torch.randn(3, n, generator=g)
-    vals[:, (col % 32 >= 16) & (col % 32 < 24)] += 10.0
-    starts = torch.zeros(3, dtype=torch.int64)
-    lengths = torch.full((3,), n, dtype=torch.int64)
+    topk = 16
+    vals, starts, lengths = _periodic_rows(2048, 32, 16, 24, seed=12)
     kw = dict(SMALL_SAMPLE, cap=256, slices=slices, fallback_split=0)
     assert _check(vals.to(DEVICE), vals, starts, lengths, topk, **kw)[TC.STAT_PLAIN] == 3
     assert _check(vals.to(DEVICE), vals, starts, lengths, topk, sample_jitter=True, **kw)[TC.STAT_SAMPLED] == 3
@@ -1077,13 +1081,8 @@ def test_dealt_blocks_spread_a_periodic_structure_over_every_warps_list():
     # 32), so all 64 of a row pass with the threshold's keys and overflow that warp's 64 slots
     # into the fallback path. Dealt, each list takes about a quarter: the sampled path. Same
     # sets both ways
-    n, topk = 4096, 48
-    col = torch.arange(n)
-    g = torch.Generator().manual_seed(3)
-    vals = torch.randn(3, n, generator=g)
-    vals[:, (col % 512 >= 264) & (col % 512 < 272)] += 10.0
-    starts = torch.zeros(3, dtype=torch.int64)
-    lengths = torch.full((3,), n, dtype=torch.int64)
+    topk = 48
+    vals, starts, lengths = _periodic_rows(4096, 512, 264, 272, seed=3)
     kw = dict(SMALL_SAMPLE, cap=256, num_warps=4, filter_block=512, slices=1, fallback_split=0)
     assert _check(vals.to(DEVICE), vals, starts, lengths, topk, **kw)[TC.STAT_PLAIN] == 3
     assert _check(vals.to(DEVICE), vals, starts, lengths, topk, filter_deal=True, **kw)[TC.STAT_SAMPLED] == 3
