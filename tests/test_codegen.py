@@ -127,7 +127,7 @@ def _topk_kernels(arch: str, presample: bool, fused: bool, slices: int) -> None:
     # 64K-key rows: the split fallback is planned unless the select is fused into the filter
     assert (fallback_kw is None) == fused
     if fallback_kw is not None:
-        assert fallback_kw["BUF"] > 0
+        assert fallback_kw["BUF"] > 0 and not fallback_kw["WB"]
         _compile(TK.fallback_kernel, _FALLBACK_SIG, fallback_kw, arch)
         # without the buffer (fallback_buffer=0), and 3 steps' loads in flight (fallback_prefetch)
         _compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, BUF=0), arch)
@@ -157,11 +157,17 @@ def _nvidia_topk_kernels(slices: int) -> None:
     for _, kw in selects:
         _nvidia_compile(TK.select_kernel, _SELECT_SIG, kw, ("vote.sync.ballot",) if kw["WB"] else ())
     # the split fallback's passes wait on a row's pass counter (an acquiring load or atomic) and
-    # release it
-    _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, fallback_kw, (".acquire.", ".release."))
-    _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, BUF=0), (".acquire.", ".release."))
+    # release it; on NVIDIA they count digits and place indices by warp ballots
+    # (fallback_ballot), or, turned off, by tl.histogram and a scan
+    assert fallback_kw["WB"]
+    order = (".acquire.", ".release.")
+    _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, fallback_kw, order + ("vote.sync.ballot", "%laneid"))
+    _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, WB=False), order)
+    _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, BUF=0), order)
     for ahead in (2, 3):
-        _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, AHEAD=ahead), (".acquire.", ".release."))
+        _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, AHEAD=ahead), order)
+    # 1024-key steps: two ballot sets a thread a step
+    _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, BLOCK=1024), order)
 
 
 def _logits_kernels(arch: str) -> None:

@@ -192,7 +192,8 @@ def test_nans_rank_above_everything_like_torch_topk():
                                       (dict(slices=3), "slices"), (dict(slices=0), "slices"),
                                       (dict(slices=128), "slices"), (dict(slices=2.0), "slices"),
                                       (dict(slices=2, fused=True), "fused"), (dict(sample_max=4), "sample_max"),
-                                      (dict(sample_max=3000), "sample_max")])
+                                      (dict(sample_max=3000), "sample_max"),
+                                      (dict(fallback_ballot=True, fallback_block=256), "fallback_ballot")])
 def test_bad_launch_options_are_refused(kw, match):
     logits = torch.zeros(1, 10, device=DEVICE)
     with pytest.raises(ValueError, match=match):
@@ -546,7 +547,7 @@ def test_register_caps_select_the_same_sets():
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="on NVIDIA GPUs the register caps are accepted")
-@pytest.mark.parametrize("name", ["filter_maxnreg", "select_maxnreg"])
+@pytest.mark.parametrize("name", ["filter_maxnreg", "select_maxnreg", "fallback_maxnreg"])
 def test_register_caps_are_refused_off_nvidia(name):
     logits = torch.zeros(1, 10, device=DEVICE)
     with pytest.raises(ValueError, match=name):
@@ -560,7 +561,7 @@ def test_ballot_write_is_refused_off_nvidia():
         T.ragged_topk(logits, *_one_row_args(8), config=_cfg(ballot_write=True))
 
 
-@pytest.mark.parametrize("name", ["presample", "ballot_write"])
+@pytest.mark.parametrize("name", ["presample", "ballot_write", "fallback_ballot"])
 def test_non_bool_switches_are_refused(name):
     logits = torch.zeros(1, 10, device=DEVICE)
     with pytest.raises(ValueError, match=name):
@@ -975,10 +976,14 @@ def _check_split(logits, masked, starts, lengths, topk, **kw):
 BUFFERS = [0, 16, TC.FALLBACK_BUFFER]
 
 
-# the split fallback's passes over slices of several steps, 1 to 3 steps' loads in flight
+# the split fallback's passes over slices of several steps, 1 to 3 steps' loads in flight;
+# 512-key steps, where NVIDIA GPUs count digits and place indices by warp ballots
+# (fallback_ballot), and the same turned off
 STEPS = [dict(), dict(fallback_slice=512, fallback_block=128, fallback_prefetch=1),
          dict(fallback_slice=512, fallback_block=128, fallback_prefetch=2),
-         dict(fallback_slice=512, fallback_block=128, fallback_prefetch=3)]
+         dict(fallback_slice=512, fallback_block=128, fallback_prefetch=3),
+         dict(fallback_slice=1024, fallback_block=512),
+         dict(fallback_slice=1024, fallback_block=512, fallback_ballot=False)]
 
 
 @pytest.mark.parametrize("steps", STEPS)
@@ -995,7 +1000,7 @@ def test_split_fallback_selects_the_torch_set(quantize, buffer, steps):
     assert split == int((lengths >= 300).sum()) and split >= 5, (split, lengths)
 
 
-@pytest.mark.parametrize("steps", [STEPS[0], STEPS[3]])
+@pytest.mark.parametrize("steps", [STEPS[0], STEPS[3], STEPS[4]])
 @pytest.mark.parametrize("buffer", BUFFERS)
 @pytest.mark.parametrize("dist", LOGIT_DISTRIBUTIONS)
 def test_split_fallback_selects_the_torch_set_on_every_distribution(dist, buffer, steps):

@@ -63,9 +63,14 @@ RETRY_SPLIT = FALLBACK_SPLIT
 #: thread and 8 programs fit an SM; at 2048 it took 96: docs/topk.md); int32 slots of a
 #: row's state before its per-slice counts (seven 32-bin digit histograms; the count of keys
 #: in its buffer, the pass that fills it, the digits found, their mask, the keys still
-#: needed, the passes ready and the items done); slots budgeted a slice: twice its key count
-#: and 32-bin histogram, room for the counts' padding to a power of two.
-FALLBACK_BLOCK, FALLBACK_STATE, FALLBACK_SLICE_SLOTS = 512, 7 * 32 + 7, 2 * (1 + 32)
+#: needed, the passes ready, the greatest and least key a pass saw and the items done); slots
+#: budgeted a slice: twice its key count and 32-bin histogram, room for the counts' padding
+#: to a power of two.
+FALLBACK_BLOCK, FALLBACK_STATE, FALLBACK_SLICE_SLOTS = 512, 7 * 32 + 9, 2 * (1 + 32)
+#: Warps of a split fallback program; its ballots take four keys a thread, so steps of a
+#: multiple of ``FALLBACK_BALLOT_KEYS`` keys (``fallback_ballot``).
+FALLBACK_WARPS = 4
+FALLBACK_BALLOT_KEYS = 4 * 32 * FALLBACK_WARPS
 #: Steps of ``fallback_block`` keys whose loads a split fallback program has in flight
 #: ahead of the one it counts (``fallback_prefetch``).
 FALLBACK_PREFETCH = 1
@@ -118,6 +123,8 @@ class TopkConfig:
             cap). ``None``: ``streaming_filter_maxnreg`` where it applies.
         select_maxnreg: Register cap of the first select launch (NVIDIA only; ``0`` or
             ``None``: no cap).
+        fallback_maxnreg: Register cap of the split fallback's launch (NVIDIA only; ``0`` or
+            ``None``: no cap).
         tile: Candidate slots of the first select launch (a power of two, ``num_warps`` to
             ``cap``); rows up to this long are selected on the row itself. ``None``: ``2 *
             topk`` rounded up to a power of two.
@@ -165,6 +172,11 @@ class TopkConfig:
             Smaller where the row's scratch left after its state holds fewer.
         fallback_prefetch: Steps of ``fallback_block`` keys whose loads each split fallback
             program keeps in flight ahead of the one it counts (1-3).
+        fallback_ballot: The split fallback counts each digit by warp ballots into
+            registers, gathered once a slice (instead of ``tl.histogram``, which adds every
+            step's counts to shared memory between barriers), and writes indices by warp
+            ballots (NVIDIA only; ``fallback_block`` a multiple of 512). ``None``: where it
+            can run.
     """
 
     num_warps: int = 4
@@ -181,6 +193,7 @@ class TopkConfig:
     streaming_filter_maxnreg: int | None = None
     filter_maxnreg: int | None = None
     select_maxnreg: int | None = None
+    fallback_maxnreg: int | None = None
     tile: int | None = None
     ballot: bool | None = None
     cap: int | None = None
@@ -202,12 +215,13 @@ class TopkConfig:
     fallback_block: int = FALLBACK_BLOCK
     fallback_buffer: int = FALLBACK_BUFFER
     fallback_prefetch: int = FALLBACK_PREFETCH
+    fallback_ballot: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("fused", "tile_write", "dynamic", "ballot_write", "sample_jitter", "filter_deal"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        for name in ("presample", "ballot"):
+        for name in ("presample", "ballot", "fallback_ballot"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{name} must be True, False or None, got {value!r}")
@@ -247,7 +261,7 @@ class TopkConfig:
             raise ValueError("fused=True needs slices=1 (a split row's select cannot run in one filter program)")
         if self.radix_bits not in (1, 2, 4, 8) or not _int(self.radix_bits):
             raise ValueError(f"radix_bits must be 1, 2, 4 or 8, got {self.radix_bits!r}")
-        for name in ("streaming_filter_maxnreg", "filter_maxnreg", "select_maxnreg"):
+        for name in ("streaming_filter_maxnreg", "filter_maxnreg", "select_maxnreg", "fallback_maxnreg"):
             value = getattr(self, name)
             if value is not None and not (_int(value) and (value == 0 or 24 <= value <= 255)):
                 raise ValueError(f"{name} must be None, 0 (no cap) or an int in 24-255; got {value!r}")
@@ -284,9 +298,14 @@ CONFIGS: Mapping[str, TopkConfig] = MappingProxyType({
     # spills; at 8 warps Triton's step spilled there and ran 17-27% slower. 4 warps and 16
     # programs per SM beat 8 and 8 by 3% at 64K-256K. select_maxnreg caps the first select
     # launch: at 80 registers more of its programs fit an SM, 201 -> 184 us at 64K and 128K;
-    # 72-104 within 1% of it at 256K)
+    # 72-104 within 1% of it at 256K. fallback_maxnreg: the split fallback's 8 programs an SM
+    # fit at 64 registers (uncapped it takes 76 with its ballots, 70 without, and the ballots
+    # then lost to tl.histogram's passes by up to 1.40x; capped they take 0.80-0.98x their
+    # time); 48 or 40 registers with 10 or 12 programs an SM spill and ran 1-9% slower,
+    # docs/topk.md)
     "sm90": TopkConfig(num_warps=4, filter_block=512, programs_per_sm=16, select_warps=4, prefetch=2, dynamic=True,
-                       presample=True, ballot_write=True, streaming_filter_maxnreg=32, select_maxnreg=80),
+                       presample=True, ballot_write=True, streaming_filter_maxnreg=32, select_maxnreg=80,
+                       fallback_maxnreg=64),
 })
 
 
@@ -398,7 +417,8 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
         filter_maxnreg = c.streaming_filter_maxnreg if presample and not fused else None
     cap = default_cap(topk) if c.cap is None else c.cap
     tile = min(max(_next_pow2(2 * topk), num_warps), cap) if c.tile is None else c.tile
-    for name, value in (("filter_maxnreg", filter_maxnreg), ("select_maxnreg", c.select_maxnreg)):
+    for name, value in (("filter_maxnreg", filter_maxnreg), ("select_maxnreg", c.select_maxnreg),
+                        ("fallback_maxnreg", c.fallback_maxnreg)):
         if value and not is_nvidia(device):
             raise ValueError(f"{name} must be None, 0 (no cap) or, on an NVIDIA GPU, an int in 24-255; got {value!r} "
                              f"on {device}")
@@ -417,6 +437,12 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
                          f"filter_block={filter_block}, num_warps={num_warps}")
     if c.ballot_write and not is_nvidia(device):
         raise ValueError(f"ballot_write=True needs an NVIDIA GPU, got {device}")
+    fallback_ballot_ok = is_nvidia(device) and min(c.fallback_block, c.fallback_slice) % FALLBACK_BALLOT_KEYS == 0
+    if c.fallback_ballot and not fallback_ballot_ok:
+        raise ValueError(f"fallback_ballot=True needs an NVIDIA GPU and fallback_block a multiple of "
+                         f"{FALLBACK_BALLOT_KEYS} (and no larger than fallback_slice), got {device}, "
+                         f"fallback_block={c.fallback_block}, fallback_slice={c.fallback_slice}")
+    fallback_ballot = fallback_ballot_ok if c.fallback_ballot is None else c.fallback_ballot
     ballot = _ballot_ok(device, num_warps, filter_block) if c.ballot is None else c.ballot
     # the sample kernel's runs: enough for one key in `sparse` of the longest row, up to sample_max
     runs = sample_runs(n, piece, c.sparse, c.sample_max)
@@ -431,7 +457,8 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
     common = select_constexprs(topk, lists, cap, tile, c.block, c.radix_bits, has_stats)
     fused_ch, fused_wb = _write_chunk(tile, num_warps, c.tile_write, fused and c.ballot_write)
     fallback_kw = (fallback_launch(topk, cap, n, c.fallback_split, c.fallback_slice, count_split, c.fallback_buffer,
-                                   c.fallback_block, c.fallback_prefetch) if not fused else None)
+                                   c.fallback_block, c.fallback_prefetch, fallback_ballot, c.fallback_maxnreg)
+                   if not fused else None)
     # whole rows too few of whose keys pass go to the split fallback from retry_split keys on
     retry_from = max(c.retry_split, c.fallback_split) if fallback_kw is not None and c.retry_split else 0
     filter_kw = LaunchKw(
@@ -456,7 +483,8 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
 
 def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, count: bool = False,
                     buffer: int = FALLBACK_BUFFER, block: int = FALLBACK_BLOCK,
-                    prefetch: int = FALLBACK_PREFETCH) -> LaunchKw | None:
+                    prefetch: int = FALLBACK_PREFETCH, ballot: bool = False,
+                    maxnreg: int | None = None) -> LaunchKw | None:
     """Keywords of the split fallback's launch for rows of at most ``n`` keys, or ``None``
     where none is planned: ``split`` is 0 or above ``n``. Its per-row state (seven 32-bin digit
     histograms, seven slots of counts and digits found, a key count and a digit histogram a
@@ -465,7 +493,9 @@ def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, co
     slices of 2**31 keys (int32 column offsets), rule the launch out. The slots left after the
     state hold the row's buffer: ``BUF`` keys and their columns, at most ``buffer`` (a power of
     two; 0 where fewer than 16 fit). Its passes step ``block`` keys at a time (at most a slice),
-    with the loads of the next ``prefetch`` steps in flight. ``count``: it adds each row to
+    with the loads of the next ``prefetch`` steps in flight. ``ballot`` (NVIDIA, ``block`` a
+    multiple of :data:`FALLBACK_BALLOT_KEYS`): digits counted and indices placed by warp
+    ballots. ``maxnreg``: its register cap (NVIDIA). ``count``: it adds each row to
     ``stats[STAT_SPLIT]``."""
     room = (2 * cap - FALLBACK_STATE) // FALLBACK_SLICE_SLOTS
     if split == 0 or n < split or room < 1:
@@ -479,7 +509,8 @@ def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, co
     free = (2 * cap - FALLBACK_STATE - nsp - 32 * slices) // 2
     buf = min(buffer, 1 << (free.bit_length() - 1)) if buffer and free > 0 else 0
     return LaunchKw(K=topk, REGION=2 * cap, SLICE=slice_keys, BLOCK=min(block, slice_keys), NS=slices,
-                    NSP=nsp, BUF=buf if buf >= 16 else 0, COUNT=bool(count), AHEAD=prefetch, num_warps=4)
+                    NSP=nsp, BUF=buf if buf >= 16 else 0, COUNT=bool(count), AHEAD=prefetch, WB=bool(ballot),
+                    num_warps=FALLBACK_WARPS, **(dict(maxnreg=maxnreg) if maxnreg else {}))
 
 
 def sample_runs(n: int, piece: int, sparse: int, sample_max: int) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .config import FALLBACK_STATE, SEARCH_BISECT_AFTER, SEARCH_SPAN
 from .launch import Launcher
-from .ptx import _WARP_RANKS_PTX, _WARP_STORE_PTX, _shared_append_ptx, _warp_append_ptx
+from .ptx import _WARP_RANKS_PTX, _WARP_STORE_PTX, _shared_append_ptx, _warp_append_ptx, _warp_histogram_ptx
 
 try:
     import triton
@@ -26,19 +26,23 @@ if triton is not None:
     _WARP_APPEND_CUT_ASM = tl.constexpr(_warp_append_ptx(True))
     _SHARED_APPEND_ASM = tl.constexpr(_shared_append_ptx(False))
     _SHARED_APPEND_CUT_ASM = tl.constexpr(_shared_append_ptx(True))
+    _WARP_HISTOGRAM_ASM = tl.constexpr(_warp_histogram_ptx())
     _BISECT_AFTER = tl.constexpr(SEARCH_BISECT_AFTER)
     _SPAN = tl.constexpr(SEARCH_SPAN)
     # a queued fallback row's slots, zeroed when it is queued: its seven 32-bin digit
     # histograms; its buffer's key count; the pass that fills the buffer; the digits found so
     # far, their mask and the keys still needed among those matching them; its passes ready
-    # to start and its items done. Then a key count a slice, a digit histogram a slice and
-    # the buffer
+    # to start; the greatest and least key matching the digits found before the pass running
+    # (set apart from zero when queued and after each pass); its items done. Then a key count
+    # a slice, a digit histogram a slice and the buffer
     _FB_BUFN = tl.constexpr(7 * 32)
     _FB_FILLED = tl.constexpr(7 * 32 + 1)
     _FB_PREFIX = tl.constexpr(7 * 32 + 2)
     _FB_PMASK = tl.constexpr(7 * 32 + 3)
     _FB_NEED = tl.constexpr(7 * 32 + 4)
     _FB_READY = tl.constexpr(7 * 32 + 5)
+    _FB_KMAX = tl.constexpr(7 * 32 + 6)
+    _FB_KMIN = tl.constexpr(7 * 32 + 7)
     _FB_DONE = tl.constexpr(FALLBACK_STATE - 1)
     _FB_ZEROED = tl.constexpr(FALLBACK_STATE)
     _FB_ZERO_TILE = tl.constexpr(1 << (FALLBACK_STATE - 1).bit_length())
@@ -797,7 +801,9 @@ if triton is not None:
         rows = tl.num_programs(0)
         tl.store(ctl_ptr + 5 + rows + tl.atomic_add(ctl_ptr + 3, 1), row.to(tl.int32))
         z = tl.arange(0, _FB_ZERO_TILE)
-        tl.store(cand32_ptr + row * REGION + z, tl.zeros((_FB_ZERO_TILE,), tl.int32), mask=z < _FB_ZEROED)
+        # (the key bounds start apart: the first pass's atomics bring them together)
+        init = tl.where(z == _FB_KMAX, -2147483648, tl.where(z == _FB_KMIN, 2147483647, 0))
+        tl.store(cand32_ptr + row * REGION + z, init, mask=z < _FB_ZEROED)
 
     @triton.jit
     def _digit_place(j):
@@ -807,32 +813,45 @@ if triton is not None:
     @triton.jit
     def _fallback_next(reg, p, K: tl.constexpr, BUF: tl.constexpr):
         """Run once a fallback row's pass ``p`` is done, by the program of its last item: after
-        a digit pass (``p < 7``, the buffer not chosen), the row's digit ``p`` of its k-th
-        largest key (5 bits, the last 2, on the key's unsigned form: sign bit flipped) from the
-        row's 32-bin histogram of it at ``reg[32 * p:]``, added to the digits found so far
-        (``reg[_FB_PREFIX]``, their mask ``reg[_FB_PMASK]``), and the keys still needed among
-        those matching them (``reg[_FB_NEED]``); with ``BUF``, where the digit's bin holds at
-        most ``BUF`` keys (one of the top six digits), pass ``p + 1`` is to move them to the
-        buffer (``reg[_FB_FILLED]``). The histogram was added to by other programs' atomics:
-        it is read past the L1 cache."""
+        a digit pass (``p < 7``, the buffer not chosen, digits left to find), the row's digit
+        ``p`` of its k-th largest key (5 bits, the last 2, on the key's unsigned form: sign bit
+        flipped) from the row's 32-bin histogram of it at ``reg[32 * p:]``, added to the digits
+        found so far (``reg[_FB_PREFIX]``, their mask ``reg[_FB_PMASK]``), and the keys still
+        needed among those matching them (``reg[_FB_NEED]``); with ``BUF``, where the digit's
+        bin holds at most ``BUF`` keys (one of the top six digits), pass ``p + 1`` is to move
+        them to the buffer (``reg[_FB_FILLED]``). Otherwise, where every key the pass counted
+        was one key (its greatest and least, ``reg[_FB_KMAX]`` and ``reg[_FB_KMIN]``, equal),
+        that key is the k-th and every digit is found: the digit passes left do nothing (a
+        row tied at its k-th key reads its keys three times, not nine). The histogram and
+        bounds were added to by other programs' atomics: they are read past the L1 cache."""
         filled = tl.load(reg + _FB_FILLED, volatile=True)
-        if (p < 7) & (filled == 0):
+        pmask = tl.load(reg + _FB_PMASK, volatile=True)
+        if (p < 7) & (filled == 0) & (pmask != -1):
             bins = tl.arange(0, 32)
             hist = tl.load(reg + 32 * p + bins, volatile=True)
             need = tl.where(p == 0, K, tl.load(reg + _FB_NEED, volatile=True))
             b, rest = _top_bin(hist, bins, need)
             shift, dmask = _digit_place(p)
-            tl.store(reg + _FB_PREFIX, tl.load(reg + _FB_PREFIX, volatile=True) | (b << shift))
-            tl.store(reg + _FB_PMASK, tl.load(reg + _FB_PMASK, volatile=True) | (dmask << shift))
+            prefix = tl.load(reg + _FB_PREFIX, volatile=True) | (b << shift)
+            pmask = pmask | (dmask << shift)
+            kmax = tl.load(reg + _FB_KMAX, volatile=True)
+            kmin = tl.load(reg + _FB_KMIN, volatile=True)
+            tl.store(reg + _FB_KMAX, -2147483648)
+            tl.store(reg + _FB_KMIN, 2147483647)
+            inbin = tl.sum(tl.where(bins == b, hist, 0), axis=0)
+            # (the bin holds at least one key: never taken without a buffer)
+            if (p < 6) & (inbin <= BUF):
+                tl.store(reg + _FB_FILLED, p + 1)
+            elif kmax == kmin:
+                prefix = kmax ^ -2147483648
+                pmask = -1
+            tl.store(reg + _FB_PREFIX, prefix)
+            tl.store(reg + _FB_PMASK, pmask)
             tl.store(reg + _FB_NEED, rest)
-            if BUF > 0:
-                inbin = tl.sum(tl.where(bins == b, hist, 0), axis=0)
-                if (p < 6) & (inbin <= BUF):
-                    tl.store(reg + _FB_FILLED, p + 1)
 
     @triton.jit
     def _fallback_fill(base, obase, lo, hi, reg, wpos_ptr, buf, prefix, pmask, BLOCK: tl.constexpr,
-                       BUF: tl.constexpr, AHEAD: tl.constexpr):
+                       BUF: tl.constexpr, AHEAD: tl.constexpr, WB: tl.constexpr):
         """Keys ``[lo, hi)`` of a fallback row whose digits found leave at most ``BUF`` keys
         matching ``prefix`` (under ``pmask``): the keys above those to the row's indices, the
         keys matching it (the key, then its column ``BUF`` slots on) to the buffer ``buf``,
@@ -847,7 +866,7 @@ if triton is not None:
             m = i < hi
             v, a1, a2, a3 = _shift_ahead(base, c0, off, hi, a1, a2, a3, BLOCK, AHEAD, True, BLOCK, 1, False)
             key = _skey(v)
-            _append_out(obase, wpos_ptr, m & (key > most), i)
+            _append_out(obase, wpos_ptr, m & (key > most), i, WB)
             inside = (m & (key >= least) & (key <= most)).to(tl.int32)
             n = tl.sum(inside, axis=0)
             if n > 0:
@@ -875,30 +894,61 @@ if triton is not None:
                 lo = mid
             else:
                 hi = mid - 1
-        _append_out(obase, wpos_ptr, m & (both >= lo), col)
+        _append_out(obase, wpos_ptr, m & (both >= lo), col, False)
 
     @triton.jit
-    def _append_out(obase, wpos_ptr, sel, col):
+    def _append_out(obase, wpos_ptr, sel, col, WB: tl.constexpr):
         # the selected columns of a block after the row's indices so far: slots from the
-        # row's write counter (other slices of the row write at the same time)
-        n = tl.sum(sel.to(tl.int32), axis=0)
-        if n > 0:
-            at = tl.atomic_add(wpos_ptr, n)
-            tl.store(obase + at + tl.cumsum(sel.to(tl.int32), axis=0) - 1, col, mask=sel)
+        # row's write counter (other slices of the row write at the same time); with WB by
+        # warp ballots, one atomic add a warp (no reduction across the block, no barrier)
+        if WB:
+            zero = tl.zeros(sel.shape, tl.int32)
+            _warp_store(sel.to(tl.int32), col, wpos_ptr + zero, obase + zero)
+        else:
+            n = tl.sum(sel.to(tl.int32), axis=0)
+            if n > 0:
+                at = tl.atomic_add(wpos_ptr, n)
+                tl.store(obase + at + tl.cumsum(sel.to(tl.int32), axis=0) - 1, col, mask=sel)
+
+    @triton.jit
+    def _warp_histogram(digit, acc):
+        """``acc`` plus, in each lane, how many of its warp's ``digit`` (0-31; negative: not
+        counted) equal the lane's index: a warp's 32-bin histogram spread over its lanes,
+        summed in registers across a pass's steps (:func:`_lane_histogram` gathers it).
+        NVIDIA only (inline PTX); four elements a thread (one ballot set a register), so
+        every lane holds exactly four of the block's. Triton's ``tl.histogram`` takes the
+        same ballots but adds each step's counts to shared memory between barriers."""
+        return tl.inline_asm_elementwise(_WARP_HISTOGRAM_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [digit, acc],
+                                         dtype=tl.int32, is_pure=False, pack=4)
+
+    @triton.jit
+    def _lane_histogram(acc, bins):
+        """The 32-bin histogram over ``bins`` of :func:`_warp_histogram`'s counts ``acc``:
+        each element's count goes to the bin of its lane (read in ``acc``'s own layout, the
+        one the counts were taken in), eight bins at a time (all 32 at once took the
+        kernel from 80 to 128 registers a thread)."""
+        lane = tl.inline_asm_elementwise("mov.u32 $0, %laneid;", "=r,r", [acc], dtype=tl.int32, is_pure=False,
+                                         pack=1)
+        hist = tl.zeros((32,), tl.int32)
+        for b in tl.static_range(32):
+            hist += tl.where(bins == b, tl.sum(tl.where(lane == b, acc, 0), axis=0), 0)
+        return hist
 
     @triton.jit
     def _fallback_item(base, obase, lo, hi, reg, wpos_ptr, s, p, BLOCK: tl.constexpr, NS: tl.constexpr,
-                       NSP: tl.constexpr, BUF: tl.constexpr, AHEAD: tl.constexpr):
+                       NSP: tl.constexpr, BUF: tl.constexpr, AHEAD: tl.constexpr, WB: tl.constexpr):
         """Pass ``p`` of a fallback row over its keys ``[lo, hi)`` (slice ``s``), with the digits
         found before it (:func:`_fallback_next`): ``p < 7`` adds the slice's histogram of digit
         ``p`` (among keys matching the digits above) to the row's, and keeps it at
         ``reg[_FB_ZEROED + NSP + 32 * s:]`` (a slice none of whose keys matched skips the later
-        digits); ``p == 7`` writes the keys above the k-th and counts the slice's keys equal
+        digits), and the greatest and least of those keys to the row's (``reg[_FB_KMAX]``,
+        ``reg[_FB_KMIN]``), unless every digit is found; ``p == 7`` writes the keys above the k-th and counts the slice's keys equal
         to it; ``p == 8`` writes the ties the slices before left to take, lowest columns first.
         With ``BUF``, once the digits leave at most ``BUF`` keys that could be the k-th, that
         pass moves them to the row's buffer instead (:func:`_fallback_fill`), the next selects
         from it (:func:`_fallback_finish`, slice 0) and the passes after do nothing. Indices go
-        to slots from the row's write counter. Every load of what another item wrote is
+        to slots from the row's write counter (by warp ballots with ``WB``, NVIDIA, which also
+        counts the digits by ballots in registers: :func:`_warp_histogram`). Every load of what another item wrote is
         volatile: that item may have run on another SM, whose writes a line left in this SM's
         L1 cache would hide."""
         buf = reg + _FB_ZEROED + NSP + 32 * NS
@@ -910,7 +960,7 @@ if triton is not None:
         if (filled > 0) & (p >= filled):
             if BUF > 0:
                 if p == filled:
-                    _fallback_fill(base, obase, lo, hi, reg, wpos_ptr, buf, prefix, pmask, BLOCK, BUF, AHEAD)
+                    _fallback_fill(base, obase, lo, hi, reg, wpos_ptr, buf, prefix, pmask, BLOCK, BUF, AHEAD, WB)
                 elif (p == filled + 1) & (s == 0):
                     # the row finished from the buffer, once; the passes after do nothing
                     _fallback_finish(obase, reg, wpos_ptr, buf, prefix, pmask, tl.load(reg + _FB_NEED, volatile=True),
@@ -922,30 +972,46 @@ if triton is not None:
             bins = tl.arange(0, 32)
             own = reg + _FB_ZEROED + NSP + 32 * s
             # the slice's own histogram of the previous digit: none of its keys matching the
-            # digits found so far, it has nothing to count (nor to store: never read again)
-            mine = hi - lo
+            # digits found so far, it has nothing to count (nor to store: never read again);
+            # every digit found (one key left), no slice has
+            mine = tl.where(pmask == -1, 0, hi - lo)
             if p > 0:
                 pshift, pdmask = _digit_place(p - 1)
                 prev = (prefix >> pshift) & pdmask
-                mine = tl.sum(tl.where(bins == prev, tl.load(own + bins, volatile=True), 0), axis=0)
+                mine = tl.where(pmask == -1, 0,
+                                tl.sum(tl.where(bins == prev, tl.load(own + bins, volatile=True), 0), axis=0))
             if mine > 0:
                 hist = tl.zeros((32,), tl.int32)
-                # the next AHEAD blocks' loads in flight while this one is counted
                 off = tl.arange(0, BLOCK)
+                acc = tl.zeros((BLOCK,), tl.int32)
+                kmax = tl.full((BLOCK,), -2147483648, tl.int32)
+                kmin = tl.full((BLOCK,), 2147483647, tl.int32)
+                # the next AHEAD blocks' loads in flight while this one is counted
                 a1, a2, a3 = _prime_ahead(base, lo, off, hi, BLOCK, AHEAD, BLOCK, 1, False)
                 for c0 in range(lo, hi, BLOCK):
                     i = c0 + off
                     m = i < hi
                     v, a1, a2, a3 = _shift_ahead(base, c0, off, hi, a1, a2, a3, BLOCK, AHEAD, True, BLOCK, 1, False)
-                    u = _skey(v) ^ -2147483648
-                    hist += tl.histogram((u >> shift) & dmask, 32, mask=m & ((u & pmask) == prefix))
+                    key = _skey(v)
+                    u = key ^ -2147483648
+                    counted = m & ((u & pmask) == prefix)
+                    if WB:
+                        acc = _warp_histogram(tl.where(counted, (u >> shift) & dmask, -1), acc)
+                    else:
+                        hist += tl.histogram((u >> shift) & dmask, 32, mask=counted)
+                    kmax = tl.maximum(kmax, tl.where(counted, key, -2147483648))
+                    kmin = tl.minimum(kmin, tl.where(counted, key, 2147483647))
+                if WB:
+                    hist = _lane_histogram(acc, bins)
                 tl.store(own + bins, hist)
                 tl.atomic_add(reg + 32 * p + bins, hist, mask=hist > 0, sem="relaxed")
+                tl.atomic_max(reg + _FB_KMAX, tl.max(kmax, axis=0), sem="relaxed")
+                tl.atomic_min(reg + _FB_KMIN, tl.min(kmin, axis=0), sem="relaxed")
         else:
             # seven digits: every bit of the k-th key
             kth = prefix ^ -2147483648
             if p == 7:
-                eqn = tl.full((), 0, tl.int32)
+                eq = tl.zeros((BLOCK,), tl.int32)
                 off = tl.arange(0, BLOCK)
                 a1, a2, a3 = _prime_ahead(base, lo, off, hi, BLOCK, AHEAD, BLOCK, 1, False)
                 for c0 in range(lo, hi, BLOCK):
@@ -953,9 +1019,9 @@ if triton is not None:
                     m = i < hi
                     v, a1, a2, a3 = _shift_ahead(base, c0, off, hi, a1, a2, a3, BLOCK, AHEAD, True, BLOCK, 1, False)
                     key = _skey(v)
-                    _append_out(obase, wpos_ptr, m & (key > kth), i)
-                    eqn += tl.sum((m & (key == kth)).to(tl.int32), axis=0)
-                tl.store(reg + _FB_ZEROED + s, eqn)
+                    _append_out(obase, wpos_ptr, m & (key > kth), i, WB)
+                    eq += (m & (key == kth)).to(tl.int32)
+                tl.store(reg + _FB_ZEROED + s, tl.sum(eq, axis=0))
             else:
                 need = tl.load(reg + _FB_NEED, volatile=True)
                 sl = tl.arange(0, NSP)
@@ -965,7 +1031,7 @@ if triton is not None:
                     i = c0 + tl.arange(0, BLOCK)
                     m = i < hi
                     eq = (m & (_skey(tl.load(base + i, mask=m, other=0.0)) == kth)).to(tl.int32)
-                    _append_out(obase, wpos_ptr, (eq > 0) & (before + tl.cumsum(eq, axis=0) <= need), i)
+                    _append_out(obase, wpos_ptr, (eq > 0) & (before + tl.cumsum(eq, axis=0) <= need), i, False)
                     before += tl.sum(eq, axis=0)
                     c0 += BLOCK
 
@@ -982,6 +1048,7 @@ if triton is not None:
         COUNT: tl.constexpr,
         BUF: tl.constexpr,
         AHEAD: tl.constexpr = 1,
+        WB: tl.constexpr = False,
     ):
         """The fallback path of the rows the first select launch queued (``ctl[3]`` of them
         at ``ctl[5 + rows:]``), each split into ``NS`` slices of ``SLICE`` keys: a radix
@@ -996,7 +1063,8 @@ if triton is not None:
         (:func:`_fallback_next`) and then marks it so. Items are taken in that order, so an
         awaited item is always held by a running program: a program never waits on one that
         has not started, and the grid need not fit the GPU at once. ``AHEAD``: steps of ``BLOCK``
-        keys whose loads a pass keeps in flight. An empty queue costs a
+        keys whose loads a pass keeps in flight. ``WB`` (NVIDIA; ``BLOCK`` a multiple of 512):
+        the digits counted and the indices placed by warp ballots. An empty queue costs a
         program a load and an atomic. ``COUNT``: each row adds 1 to ``stats[5]``."""
         queued = tl.load(ctl_ptr + 3)
         per_pass = queued * NS
@@ -1018,7 +1086,7 @@ if triton is not None:
             if lo < length:
                 base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
                 _fallback_item(base, out_ptr + row * stride_om, lo, tl.minimum(lo + SLICE, length), reg,
-                               wpos_ptr + row, s, p, BLOCK, NS, NSP, BUF, AHEAD)
+                               wpos_ptr + row, s, p, BLOCK, NS, NSP, BUF, AHEAD, WB)
             # every thread's writes of this item before its count; the row's last item of the
             # pass (its count acquiring every other item's) finds the next digit once for all
             # of the next pass's items, then releases them

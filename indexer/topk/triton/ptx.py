@@ -81,3 +81,25 @@ def _shared_append_ptx(cut: bool) -> str:
                       f"mad.wide.s32 a, q{j}, 8, $16;\n@s st.global.v2.b32 [a], {{${4 + j}, ${8 + j}}};\n"
                       for j in range(4))
             + "".join(f"mov.u32 ${j}, 0;\n" for j in range(4)) + "}\n")
+
+
+def _warp_histogram_ptx() -> str:
+    """:func:`_warp_histogram`'s PTX: from the four digits ``$4``-``$7`` of each lane (0-31;
+    negative: not counted), the number of its warp's counted digits equal to the lane's own
+    index, added to ``$8`` into ``$0`` (``$1``-``$3`` are 0). Five ballots a register, one a
+    bit of the digit; lane ``l`` keeps the lanes whose bits all equal ``l``'s (a ballot taken
+    as it is where ``l`` has the bit, inverted where not). A register with no counted digit in
+    the warp skips its ballots (a uniform branch: the ballot is the same in every lane)."""
+    flips = "".join(f"and.b32 t, l, {1 << i};\nsetp.eq.u32 p, t, 0;\nselp.b32 f{i}, -1, 0, p;\n" for i in range(5))
+    regs = ""
+    for j in range(4):
+        regs += (f"setp.ge.s32 p, ${4 + j}, 0;\nvote.sync.ballot.b32 v, p, 0xffffffff;\n"
+                 f"setp.eq.u32 p, v, 0;\n@p bra.uni SKIP{j};\n")
+        for i in range(5):
+            regs += (f"and.b32 t, ${4 + j}, {1 << i};\nsetp.ne.u32 p, t, 0;\nvote.sync.ballot.b32 b, p, 0xffffffff;\n"
+                     f"xor.b32 b, b, f{i};\nand.b32 v, v, b;\n")
+        regs += f"popc.b32 t, v;\nadd.u32 c, c, t;\nSKIP{j}:\n"
+    return ("{\n.reg .pred p;\n.reg .b32 l, t, v, b, c, f0, f1, f2, f3, f4;\nmov.u32 l, %laneid;\n" + flips
+            + "mov.u32 c, 0;\n" + regs
+            # (last, after every read of an input: an output may share an input's register)
+            + "add.u32 $0, $8, c;\nmov.u32 $1, 0;\nmov.u32 $2, 0;\nmov.u32 $3, 0;\n}\n")
