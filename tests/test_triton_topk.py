@@ -1121,7 +1121,8 @@ def test_split_fallback_plans_only_what_its_scratch_and_offsets_hold():
     for cap, n in ((8192, 1 << 21), (8192, 1 << 28), (256, 1 << 20), (1 << 20, 1 << 30)):
         kw = TC.fallback_launch(2048, cap, n, 32768, 16384)
         assert kw["NS"] * kw["SLICE"] >= n and kw["NSP"] >= kw["NS"]
-        assert TC.FALLBACK_STATE + kw["NSP"] + 32 * kw["NS"] + 2 * kw["BUF"] <= 2 * cap, (cap, n, kw)
+        assert TC.fallback_buffer_slot(kw["NSP"], kw["NS"]) + 2 * kw["BUF"] <= 2 * cap, (cap, n, kw)
+        assert TC.fallback_buffer_slot(kw["NSP"], kw["NS"]) % 2 == 0
         assert kw["BUF"] == 0 or (kw["BUF"] & (kw["BUF"] - 1) == 0 and 16 <= kw["BUF"] <= TC.FALLBACK_BUFFER)
     # the whole buffer where it fits; less where the slices' state leaves less; none if asked
     assert TC.fallback_launch(2048, 8192, 1 << 20, 32768, 16384)["BUF"] == TC.FALLBACK_BUFFER

@@ -506,11 +506,19 @@ def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, co
         # its int32 column offsets (a slice's end, the blocks loaded ahead) would wrap
         return None
     nsp = _next_pow2(slices)
-    free = (2 * cap - FALLBACK_STATE - nsp - 32 * slices) // 2
+    # int64 slots left past the state, from the first even int32 slot
+    free = (2 * cap - fallback_buffer_slot(nsp, slices)) // 2
     buf = min(buffer, 1 << (free.bit_length() - 1)) if buffer and free > 0 else 0
     return LaunchKw(K=topk, REGION=2 * cap, SLICE=slice_keys, BLOCK=min(block, slice_keys), NS=slices,
-                    NSP=nsp, BUF=buf if buf >= 16 else 0, COUNT=bool(count), AHEAD=prefetch, WB=bool(ballot),
+                    NSP=nsp, BUF=buf if buf >= 16 else 0, BOFF=fallback_buffer_slot(nsp, slices), COUNT=bool(count), AHEAD=prefetch, WB=bool(ballot),
                     num_warps=FALLBACK_WARPS, **(dict(maxnreg=maxnreg) if maxnreg else {}))
+
+
+def fallback_buffer_slot(nsp: int, slices: int) -> int:
+    """The int32 slot of a split fallback row's region where its buffer starts: past its
+    state, ``nsp`` key counts and a 32-bin histogram for each of ``slices`` slices, rounded up to
+    an even slot (the buffer holds int64s)."""
+    return (FALLBACK_STATE + nsp + 32 * slices + 1) // 2 * 2
 
 
 def sample_runs(n: int, piece: int, sparse: int, sample_max: int) -> int:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from .config import FALLBACK_STATE, SEARCH_BISECT_AFTER, SEARCH_SPAN
 from .launch import Launcher
-from .ptx import _WARP_RANKS_PTX, _WARP_STORE_PTX, _shared_append_ptx, _warp_append_ptx, _warp_histogram_ptx
+from .ptx import (_WARP_PAIR_STORE_PTX, _WARP_RANKS_PTX, _WARP_STORE_PTX, _shared_append_ptx, _warp_append_ptx,
+                  _warp_histogram_ptx)
 
 try:
     import triton
@@ -22,6 +23,7 @@ if triton is not None:
     # (a jit function reads module globals only as constexprs)
     _WARP_RANKS_ASM = tl.constexpr(_WARP_RANKS_PTX)
     _WARP_STORE_ASM = tl.constexpr(_WARP_STORE_PTX)
+    _WARP_PAIR_STORE_ASM = tl.constexpr(_WARP_PAIR_STORE_PTX)
     _WARP_APPEND_ASM = tl.constexpr(_warp_append_ptx(False))
     _WARP_APPEND_CUT_ASM = tl.constexpr(_warp_append_ptx(True))
     _SHARED_APPEND_ASM = tl.constexpr(_shared_append_ptx(False))
@@ -34,7 +36,7 @@ if triton is not None:
     # far, their mask and the keys still needed among those matching them; its passes ready
     # to start; the greatest and least key matching the digits found before the pass running
     # (set apart from zero when queued and after each pass); its items done. Then a key count
-    # a slice, a digit histogram a slice and the buffer
+    # a slice, a digit histogram a slice and the buffer (int64s, from the next even slot)
     _FB_BUFN = tl.constexpr(7 * 32)
     _FB_FILLED = tl.constexpr(7 * 32 + 1)
     _FB_PREFIX = tl.constexpr(7 * 32 + 2)
@@ -104,6 +106,20 @@ if triton is not None:
             _WARP_STORE_ASM,
             "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l",
             [sel32, value, ctr, dst],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=4,
+        )
+
+    @triton.jit
+    def _warp_pair_store(sel32, hi, lo, ctr, dst):
+        """:func:`_warp_store` of two words an element: ``dst[slot] = (hi << 32) | lo`` as one
+        int64 (``dst`` an int64 address, ``hi`` and ``lo`` int32) for every selected element,
+        slots from the counter ``*ctr``. NVIDIA only (inline PTX); four elements a thread."""
+        return tl.inline_asm_elementwise(
+            _WARP_PAIR_STORE_ASM,
+            "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l",
+            [sel32, hi, lo, ctr, dst],
             dtype=tl.int32,
             is_pure=False,
             pack=4,
@@ -854,8 +870,9 @@ if triton is not None:
                        BUF: tl.constexpr, AHEAD: tl.constexpr, WB: tl.constexpr):
         """Keys ``[lo, hi)`` of a fallback row whose digits found leave at most ``BUF`` keys
         matching ``prefix`` (under ``pmask``): the keys above those to the row's indices, the
-        keys matching it (the key, then its column ``BUF`` slots on) to the buffer ``buf``,
-        slots from its count ``reg[_FB_BUFN]``."""
+        keys matching it to the buffer ``buf`` (int64: the key high, its column reversed low,
+        ordered as the row's selection orders them; :func:`_fallback_finish`), slots from its
+        count ``reg[_FB_BUFN]``: by warp ballots with ``WB``, else at a scan's positions."""
         # the matching keys are one range of signed keys (the unsigned form's top bits fixed)
         least = prefix ^ -2147483648
         most = (prefix | ~pmask) ^ -2147483648
@@ -868,24 +885,26 @@ if triton is not None:
             key = _skey(v)
             _append_out(obase, wpos_ptr, m & (key > most), i, WB)
             inside = (m & (key >= least) & (key <= most)).to(tl.int32)
-            n = tl.sum(inside, axis=0)
-            if n > 0:
-                at = tl.atomic_add(reg + _FB_BUFN, n) + tl.cumsum(inside, axis=0) - 1
-                tl.store(buf + at, key, mask=inside > 0)
-                tl.store(buf + BUF + at, i, mask=inside > 0)
+            if WB:
+                zero = tl.zeros(inside.shape, tl.int32)
+                _warp_pair_store(inside, key, 2147483647 - i, reg + _FB_BUFN + zero, buf + zero)
+            else:
+                n = tl.sum(inside, axis=0)
+                if n > 0:
+                    at = tl.atomic_add(reg + _FB_BUFN, n) + tl.cumsum(inside, axis=0) - 1
+                    tl.store(buf + at, (key.to(tl.int64) << 32) | (2147483647 - i).to(tl.int64), mask=inside > 0)
 
     @triton.jit
     def _fallback_finish(obase, reg, wpos_ptr, buf, prefix, pmask, need, BUF: tl.constexpr):
         """The ``need`` largest of a fallback row's buffered keys (``reg[_FB_BUFN]`` of them at
-        ``buf``, their columns ``BUF`` slots on), ties by lowest column, to the row's indices:
-        each key and column as one int64, key high and column reversed low, so that the keys
-        are distinct and ordered as the row's selection orders them; the ``need``-th largest
-        found by bisection between the least and the greatest the digits allow."""
+        ``buf``), ties by lowest column, to the row's indices: each key and column is one int64,
+        key high and column reversed low (:func:`_fallback_fill`), so that the keys are
+        distinct and ordered as the row's selection orders them; the ``need``-th largest found
+        by bisection between the least and the greatest the digits allow."""
         i = tl.arange(0, BUF)
         m = i < tl.load(reg + _FB_BUFN, volatile=True)
-        key = tl.load(buf + i, mask=m, other=0, volatile=True)
-        col = tl.load(buf + BUF + i, mask=m, other=0, volatile=True)
-        both = tl.where(m, (key.to(tl.int64) << 32) | (2147483647 - col).to(tl.int64), -9223372036854775807 - 1)
+        both = tl.load(buf + i, mask=m, other=-9223372036854775807 - 1, volatile=True)
+        col = 2147483647 - both.to(tl.int32)
         lo = (prefix ^ -2147483648).to(tl.int64) << 32
         hi = (((prefix | ~pmask) ^ -2147483648).to(tl.int64) << 32) | 2147483647
         while lo < hi:
@@ -936,7 +955,8 @@ if triton is not None:
 
     @triton.jit
     def _fallback_item(base, obase, lo, hi, reg, wpos_ptr, s, p, BLOCK: tl.constexpr, NS: tl.constexpr,
-                       NSP: tl.constexpr, BUF: tl.constexpr, AHEAD: tl.constexpr, WB: tl.constexpr):
+                       NSP: tl.constexpr, BUF: tl.constexpr, BOFF: tl.constexpr, AHEAD: tl.constexpr,
+                       WB: tl.constexpr):
         """Pass ``p`` of a fallback row over its keys ``[lo, hi)`` (slice ``s``), with the digits
         found before it (:func:`_fallback_next`): ``p < 7`` adds the slice's histogram of digit
         ``p`` (among keys matching the digits above) to the row's, and keeps it at
@@ -951,7 +971,7 @@ if triton is not None:
         counts the digits by ballots in registers: :func:`_warp_histogram`). Every load of what another item wrote is
         volatile: that item may have run on another SM, whose writes a line left in this SM's
         L1 cache would hide."""
-        buf = reg + _FB_ZEROED + NSP + 32 * NS
+        buf = (reg + BOFF).to(tl.pointer_type(tl.int64))
         prefix = tl.load(reg + _FB_PREFIX, volatile=True)
         pmask = tl.load(reg + _FB_PMASK, volatile=True)
         filled = tl.full((), 0, tl.int32)
@@ -1047,6 +1067,7 @@ if triton is not None:
         NSP: tl.constexpr,
         COUNT: tl.constexpr,
         BUF: tl.constexpr,
+        BOFF: tl.constexpr,
         AHEAD: tl.constexpr = 1,
         WB: tl.constexpr = False,
     ):
@@ -1055,7 +1076,8 @@ if triton is not None:
         select of seven digit passes (5 bits each, the last 2), then a pass writing the keys
         above the k-th key and one writing its ties, lowest columns first; with ``BUF``, a row
         whose digits leave at most ``BUF`` candidates for the k-th key moves them to a buffer
-        and is finished from it, its later passes doing nothing (:func:`_fallback_item`).
+        (int64s from int32 slot ``BOFF`` of its region) and is finished from it, its later
+        passes doing nothing (:func:`_fallback_item`).
         Every program takes the next (pass, row, slice) item from the counter ``ctl[4]``,
         passes in order, and waits until the row's pass is ready (``reg[_FB_READY]``, ``REGION``
         int32 slots a row from ``cand32``): the program finishing the row's last item of the
@@ -1086,7 +1108,7 @@ if triton is not None:
             if lo < length:
                 base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
                 _fallback_item(base, out_ptr + row * stride_om, lo, tl.minimum(lo + SLICE, length), reg,
-                               wpos_ptr + row, s, p, BLOCK, NS, NSP, BUF, AHEAD, WB)
+                               wpos_ptr + row, s, p, BLOCK, NS, NSP, BUF, BOFF, AHEAD, WB)
             # every thread's writes of this item before its count; the row's last item of the
             # pass (its count acquiring every other item's) finds the next digit once for all
             # of the next pass's items, then releases them

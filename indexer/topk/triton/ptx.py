@@ -103,3 +103,17 @@ def _warp_histogram_ptx() -> str:
             + "mov.u32 c, 0;\n" + regs
             # (last, after every read of an input: an output may share an input's register)
             + "add.u32 $0, $8, c;\nmov.u32 $1, 0;\nmov.u32 $2, 0;\nmov.u32 $3, 0;\n}\n")
+
+
+#: :func:`_warp_pair_store`'s PTX: one lane takes the warp's slots from the counter ``[$16]``,
+#: then each selected element (``$4``-``$7`` nonzero) stores its two words, ``$12 + j`` at the
+#: lower address and ``$8 + j`` above it (one little-endian int64, ``$8 + j`` high), at ``$20 +
+#: 8 * slot``.
+_WARP_PAIR_STORE_PTX = ("{\n" + _ballot_ranks_ptx(4)
+                        + ".reg .pred pl;\n.reg .b32 base, lane;\n.reg .b64 a;\n"
+                        "mov.u32 lane, %laneid;\nsetp.eq.u32 pl, lane, 0;\nsetp.ne.and.u32 pl, t, 0, pl;\n"
+                        "mov.u32 base, 0;\n@pl atom.global.add.u32 base, [$16], t;\n"
+                        "shfl.sync.idx.b32 base, base, 0, 0x1f, 0xffffffff;\n"
+                        + "".join(f"add.u32 q{j}, q{j}, base;\nmul.wide.u32 a, q{j}, 8;\nadd.s64 a, a, $20;\n"
+                                  f"@p{j} st.global.v2.b32 [a], {{${12 + j}, ${8 + j}}};\n" for j in range(4))
+                        + "".join(f"mov.u32 ${j}, 0;\n" for j in range(4)) + "}\n")
