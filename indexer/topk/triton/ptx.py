@@ -38,16 +38,37 @@ def _ballot_ranks_ptx(first: int, threshold: int | None = None, cols: int | None
 #: :func:`_warp_ranks`'s PTX: the ranks to ``$0``-``$3``, the warp's count to ``$4``-``$7``.
 _WARP_RANKS_PTX = ("{\n" + _ballot_ranks_ptx(8) + "".join(f"mov.u32 ${j}, q{j};\n" for j in range(4))
                    + "".join(f"mov.u32 ${4 + j}, t;\n" for j in range(4)) + "}\n")
-#: :func:`_warp_store`'s PTX: one lane takes the warp's slots from the counter ``[$12]``, then
-#: each selected element stores its value (``$8``-``$11``) at ``$16 + 4 * slot``.
-_WARP_STORE_PTX = ("{\n" + _ballot_ranks_ptx(4)
-                   + ".reg .pred pl;\n.reg .b32 base, lane;\n.reg .b64 a;\n"
-                   "mov.u32 lane, %laneid;\nsetp.eq.u32 pl, lane, 0;\nsetp.ne.and.u32 pl, t, 0, pl;\n"
-                   "mov.u32 base, 0;\n@pl atom.global.add.u32 base, [$12], t;\n"
-                   "shfl.sync.idx.b32 base, base, 0, 0x1f, 0xffffffff;\n"
-                   + "".join(f"add.u32 q{j}, q{j}, base;\nmul.wide.u32 a, q{j}, 4;\nadd.s64 a, a, $16;\n"
-                             f"@p{j} st.global.b32 [a], ${8 + j};\n" for j in range(4))
-                   + "".join(f"mov.u32 ${j}, 0;\n" for j in range(4)) + "}\n")
+def _take_slots_ptx(ctr: int) -> str:
+    """PTX after :func:`_ballot_ranks_ptx`: lane 0 takes the warp's ``t`` slots from the
+    counter at ``$ctr`` with one atomic add, and every lane gets the first as ``base`` by a
+    shuffle. Declares ``pl``, ``base``, ``lane`` and the address ``a`` for the code after it."""
+    return (".reg .pred pl;\n.reg .b32 base, lane;\n.reg .b64 a;\n"
+            "mov.u32 lane, %laneid;\nsetp.eq.u32 pl, lane, 0;\nsetp.ne.and.u32 pl, t, 0, pl;\n"
+            f"mov.u32 base, 0;\n@pl atom.global.add.u32 base, [${ctr}], t;\n"
+            "shfl.sync.idx.b32 base, base, 0, 0x1f, 0xffffffff;\n")
+
+
+def _warp_store_ptx(ctr: int, dst: int, words: tuple[int, ...]) -> str:
+    """PTX storing, for every selected element (flags ``$4``-``$7`` nonzero), its words at
+    ``$dst + size * slot``, slots from the counter ``[$ctr]`` (:func:`_take_slots_ptx`): one
+    word (``$w + j`` for register ``j``, ``words = (w,)``) or two (``words = (lo, hi)``, one
+    little-endian int64, ``lo`` at the lower address). The outputs are placeholders."""
+    size = 4 * len(words)
+    op = "st.global.b32" if len(words) == 1 else "st.global.v2.b32"
+    value = ((lambda j: f"${words[0] + j}") if len(words) == 1
+             else (lambda j: "{" + ", ".join(f"${w + j}" for w in words) + "}"))
+    return ("{\n" + _ballot_ranks_ptx(4) + _take_slots_ptx(ctr)
+            + "".join(f"add.u32 q{j}, q{j}, base;\nmul.wide.u32 a, q{j}, {size};\nadd.s64 a, a, ${dst};\n"
+                      f"@p{j} {op} [a], {value(j)};\n" for j in range(4))
+            + "".join(f"mov.u32 ${j}, 0;\n" for j in range(4)) + "}\n")
+
+
+#: :func:`_warp_store`'s PTX: each selected element's value (``$8``-``$11``) at ``$16 + 4 *
+#: slot``, slots from the counter ``[$12]``.
+_WARP_STORE_PTX = _warp_store_ptx(12, 16, (8,))
+#: :func:`_warp_pair_store`'s PTX: each selected element's two words, ``$12 + j`` low and ``$8
+#: + j`` high (one int64), at ``$20 + 8 * slot``, slots from the counter ``[$16]``.
+_WARP_PAIR_STORE_PTX = _warp_store_ptx(16, 20, (12, 8))
 
 
 def _warp_append_ptx(cut: bool) -> str:
@@ -72,11 +93,8 @@ def _shared_append_ptx(cut: bool) -> str:
     ``$16`` at slots taken from its counter ``[$12]`` by one atomic add a warp (lane 0's,
     shuffled to the others), while below ``$24``; the counter counts on past the room. The
     outputs are placeholders."""
-    return ("{\n" + _ballot_ranks_ptx(4, threshold=20, cols=8 if cut else None)
-            + ".reg .pred pl, s;\n.reg .b32 base, lane;\n.reg .b64 a;\n"
-            "mov.u32 lane, %laneid;\nsetp.eq.u32 pl, lane, 0;\nsetp.ne.and.u32 pl, t, 0, pl;\n"
-            "mov.u32 base, 0;\n@pl atom.global.add.u32 base, [$12], t;\n"
-            "shfl.sync.idx.b32 base, base, 0, 0x1f, 0xffffffff;\n"
+    return ("{\n" + _ballot_ranks_ptx(4, threshold=20, cols=8 if cut else None) + _take_slots_ptx(12)
+            + ".reg .pred s;\n"
             + "".join(f"add.s32 q{j}, q{j}, base;\nsetp.lt.and.s32 s, q{j}, $24, p{j};\n"
                       f"mad.wide.s32 a, q{j}, 8, $16;\n@s st.global.v2.b32 [a], {{${4 + j}, ${8 + j}}};\n"
                       for j in range(4))
@@ -105,15 +123,3 @@ def _warp_histogram_ptx() -> str:
             + "add.u32 $0, $8, c;\nmov.u32 $1, 0;\nmov.u32 $2, 0;\nmov.u32 $3, 0;\n}\n")
 
 
-#: :func:`_warp_pair_store`'s PTX: one lane takes the warp's slots from the counter ``[$16]``,
-#: then each selected element (``$4``-``$7`` nonzero) stores its two words, ``$12 + j`` at the
-#: lower address and ``$8 + j`` above it (one little-endian int64, ``$8 + j`` high), at ``$20 +
-#: 8 * slot``.
-_WARP_PAIR_STORE_PTX = ("{\n" + _ballot_ranks_ptx(4)
-                        + ".reg .pred pl;\n.reg .b32 base, lane;\n.reg .b64 a;\n"
-                        "mov.u32 lane, %laneid;\nsetp.eq.u32 pl, lane, 0;\nsetp.ne.and.u32 pl, t, 0, pl;\n"
-                        "mov.u32 base, 0;\n@pl atom.global.add.u32 base, [$16], t;\n"
-                        "shfl.sync.idx.b32 base, base, 0, 0x1f, 0xffffffff;\n"
-                        + "".join(f"add.u32 q{j}, q{j}, base;\nmul.wide.u32 a, q{j}, 8;\nadd.s64 a, a, $20;\n"
-                                  f"@p{j} st.global.v2.b32 [a], {{${12 + j}, ${8 + j}}};\n" for j in range(4))
-                        + "".join(f"mov.u32 ${j}, 0;\n" for j in range(4)) + "}\n")
