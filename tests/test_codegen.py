@@ -161,8 +161,10 @@ def _nvidia_topk_kernels(slices: int) -> None:
     # (fallback_ballot), or, turned off, by tl.histogram and a scan
     assert fallback_kw["WB"]
     order = (".acquire.", ".release.")
-    _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, fallback_kw, order + ("vote.sync.ballot", "%laneid"))
-    _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, WB=False), order)
+    # (SKIP0: the ballot histogram's branch past a register with no digit to count)
+    _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, fallback_kw, order + ("vote.sync.ballot", "SKIP0"))
+    kernel = _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, WB=False), order)
+    assert "vote.sync.ballot" not in kernel.asm["ptx"] and "SKIP0" not in kernel.asm["ptx"]
     _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, BUF=0), order)
     for ahead in (2, 3):
         _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, AHEAD=ahead), order)

@@ -1018,8 +1018,9 @@ def test_split_fallback_selects_the_torch_set_on_every_distribution(dist, buffer
     assert split == rows, (paths, split)
 
 
+@pytest.mark.parametrize("steps", [STEPS[0], STEPS[4]])
 @pytest.mark.parametrize("buffer", BUFFERS)
-def test_split_fallback_orders_special_values_like_floats(buffer):
+def test_split_fallback_orders_special_values_like_floats(buffer, steps):
     # NaNs above everything, signed zeros tied, infinities and subnormals, both signs
     tiny = torch.finfo(torch.float32).tiny
     special = torch.tensor([0.0, -0.0, float("-inf"), float("inf"), float("nan"), 3e38, -3e38, tiny / 4, -tiny / 4,
@@ -1031,7 +1032,7 @@ def test_split_fallback_orders_special_values_like_floats(buffer):
     col = torch.arange(1100)
     inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
     masked = torch.where(inside, vals, float("-inf"))
-    paths, split = _check_split(vals.to(DEVICE), masked, starts, lengths, 200, **SPLIT_FALLBACK,
+    paths, split = _check_split(vals.to(DEVICE), masked, starts, lengths, 200, **dict(SPLIT_FALLBACK, **steps),
                                 fallback_buffer=buffer)
     assert split == 3, (paths, split)
 
@@ -1093,8 +1094,9 @@ def test_dealt_blocks_spread_a_periodic_structure_over_every_warps_list():
     assert _check(vals.to(DEVICE), vals, starts, lengths, topk, filter_deal=True, **kw)[TC.STAT_SAMPLED] == 3
 
 
+@pytest.mark.parametrize("steps", [STEPS[0], STEPS[4]])
 @pytest.mark.parametrize("top", [16, 17])
-def test_split_fallback_buffer_takes_a_bin_of_exactly_its_size(top):
+def test_split_fallback_buffer_takes_a_bin_of_exactly_its_size(top, steps):
     # `top` keys in [2, 3) over slices of a row whose other keys lie in (-2, 2): the k-th
     # key's first digit (sign and top exponent bits) leaves exactly `top` candidates. A
     # 16-key buffer takes 16 of them after that digit; 17 go on to the next digits (a buffer
@@ -1106,8 +1108,28 @@ def test_split_fallback_buffer_takes_a_bin_of_exactly_its_size(top):
     vals[:, cols] = 2.0 + 0.01 * torch.arange(top, dtype=torch.float32)
     starts = torch.zeros(2, dtype=torch.int64)
     lengths = torch.full((2,), n, dtype=torch.int64)
-    paths, split = _check_split(vals.to(DEVICE), vals, starts, lengths, topk, **SPLIT_FALLBACK, fallback_buffer=16)
+    paths, split = _check_split(vals.to(DEVICE), vals, starts, lengths, topk, **dict(SPLIT_FALLBACK, **steps),
+                                fallback_buffer=16)
     assert split == 2, (paths, split)
+
+
+def test_split_fallback_ballots_are_planned_where_they_can_run(monkeypatch):
+    # fallback_ballot=None takes the ballots on NVIDIA with steps and slices of a multiple of
+    # 512 keys (four a thread), and not elsewhere; True where they cannot run is refused
+    # naming the field; False keeps tl.histogram (a CPU device stands for the GPU in the plan)
+    plan = TC.plan_launches.__wrapped__
+    cpu = torch.device("cpu")
+    base = dataclasses.replace(TC.DEFAULT_CONFIG, fallback_split=32768)
+    assert not plan(cpu, base, 2048, 1 << 20, 1, False)[-1]["WB"]
+    monkeypatch.setattr(TC, "is_nvidia", lambda device: True)
+    assert plan(cpu, base, 2048, 1 << 20, 1, False)[-1]["WB"]
+    assert not plan(cpu, dataclasses.replace(base, fallback_ballot=False), 2048, 1 << 20, 1, False)[-1]["WB"]
+    for narrow in (dict(fallback_block=256), dict(fallback_slice=256, fallback_block=256)):
+        assert not plan(cpu, dataclasses.replace(base, **narrow), 2048, 1 << 20, 1, False)[-1]["WB"]
+        with pytest.raises(ValueError, match="fallback_ballot"):
+            plan(cpu, dataclasses.replace(base, fallback_ballot=True, **narrow), 2048, 1 << 20, 1, False)
+    # the register cap reaches the launch
+    assert plan(cpu, dataclasses.replace(base, fallback_maxnreg=64), 2048, 1 << 20, 1, False)[-1]["maxnreg"] == 64
 
 
 def test_split_fallback_plans_only_what_its_scratch_and_offsets_hold():
@@ -1121,8 +1143,9 @@ def test_split_fallback_plans_only_what_its_scratch_and_offsets_hold():
     for cap, n in ((8192, 1 << 21), (8192, 1 << 28), (256, 1 << 20), (1 << 20, 1 << 30)):
         kw = TC.fallback_launch(2048, cap, n, 32768, 16384)
         assert kw["NS"] * kw["SLICE"] >= n and kw["NSP"] >= kw["NS"]
-        assert TC.fallback_buffer_slot(kw["NSP"], kw["NS"]) + 2 * kw["BUF"] <= 2 * cap, (cap, n, kw)
-        assert TC.fallback_buffer_slot(kw["NSP"], kw["NS"]) % 2 == 0
+        # the buffer's int64s start on an even slot past the state and end inside the region
+        assert kw["BOFF"] % 2 == 0 and kw["BOFF"] >= TC.FALLBACK_STATE + kw["NSP"] + 32 * kw["NS"], (cap, n, kw)
+        assert kw["BOFF"] + 2 * kw["BUF"] <= 2 * cap, (cap, n, kw)
         assert kw["BUF"] == 0 or (kw["BUF"] & (kw["BUF"] - 1) == 0 and 16 <= kw["BUF"] <= TC.FALLBACK_BUFFER)
     # the whole buffer where it fits; less where the slices' state leaves less; none if asked
     assert TC.fallback_launch(2048, 8192, 1 << 20, 32768, 16384)["BUF"] == TC.FALLBACK_BUFFER

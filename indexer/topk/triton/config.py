@@ -174,9 +174,9 @@ class TopkConfig:
             program keeps in flight ahead of the one it counts (1-3).
         fallback_ballot: The split fallback counts each digit by warp ballots into
             registers, gathered once a slice (instead of ``tl.histogram``, which adds every
-            step's counts to shared memory between barriers), and writes indices by warp
-            ballots (NVIDIA only; ``fallback_block`` a multiple of 512). ``None``: where it
-            can run.
+            key to a shared-memory bin by an atomic, between barriers), and places indices and
+            buffered keys by warp ballots (NVIDIA only; ``fallback_block`` and
+            ``fallback_slice`` multiples of 512). ``None``: where it can run.
     """
 
     num_warps: int = 4
@@ -439,9 +439,9 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
         raise ValueError(f"ballot_write=True needs an NVIDIA GPU, got {device}")
     fallback_ballot_ok = is_nvidia(device) and min(c.fallback_block, c.fallback_slice) % FALLBACK_BALLOT_KEYS == 0
     if c.fallback_ballot and not fallback_ballot_ok:
-        raise ValueError(f"fallback_ballot=True needs an NVIDIA GPU and fallback_block a multiple of "
-                         f"{FALLBACK_BALLOT_KEYS} (and no larger than fallback_slice), got {device}, "
-                         f"fallback_block={c.fallback_block}, fallback_slice={c.fallback_slice}")
+        raise ValueError(f"fallback_ballot=True needs an NVIDIA GPU and fallback_block and fallback_slice "
+                         f"multiples of {FALLBACK_BALLOT_KEYS}, got {device}, fallback_block={c.fallback_block}, "
+                         f"fallback_slice={c.fallback_slice}")
     fallback_ballot = fallback_ballot_ok if c.fallback_ballot is None else c.fallback_ballot
     ballot = _ballot_ok(device, num_warps, filter_block) if c.ballot is None else c.ballot
     # the sample kernel's runs: enough for one key in `sparse` of the longest row, up to sample_max
@@ -487,11 +487,12 @@ def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, co
                     maxnreg: int | None = None) -> LaunchKw | None:
     """Keywords of the split fallback's launch for rows of at most ``n`` keys, or ``None``
     where none is planned: ``split`` is 0 or above ``n``. Its per-row state (seven 32-bin digit
-    histograms, seven slots of counts and digits found, a key count and a digit histogram a
-    slice) lives in a fallback row's ``2 * cap`` int32 candidate slots, so slices grow past
-    ``slice_keys`` where a row would need more of them than fit; a ``cap`` too small for one slice's state, or rows within two
-    slices of 2**31 keys (int32 column offsets), rule the launch out. The slots left after the
-    state hold the row's buffer: ``BUF`` keys and their columns, at most ``buffer`` (a power of
+    histograms, nine slots of counts, digits found and key bounds, a key count and a digit
+    histogram a slice) lives in a fallback row's ``2 * cap`` int32 candidate slots, so slices
+    grow past ``slice_keys`` where a row would need more of them than fit; a ``cap`` too small
+    for one slice's state, or rows within two slices of 2**31 keys (int32 column offsets), rule
+    the launch out. The slots left after the state hold the row's buffer (from slot ``BOFF``,
+    :func:`fallback_buffer_slot`): ``BUF`` keys with their columns, at most ``buffer`` (a power of
     two; 0 where fewer than 16 fit). Its passes step ``block`` keys at a time (at most a slice),
     with the loads of the next ``prefetch`` steps in flight. ``ballot`` (NVIDIA, ``block`` a
     multiple of :data:`FALLBACK_BALLOT_KEYS`): digits counted and indices placed by warp
@@ -509,9 +510,11 @@ def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, co
     # int64 slots left past the state, from the first even int32 slot
     free = (2 * cap - fallback_buffer_slot(nsp, slices)) // 2
     buf = min(buffer, 1 << (free.bit_length() - 1)) if buffer and free > 0 else 0
-    return LaunchKw(K=topk, REGION=2 * cap, SLICE=slice_keys, BLOCK=min(block, slice_keys), NS=slices,
-                    NSP=nsp, BUF=buf if buf >= 16 else 0, BOFF=fallback_buffer_slot(nsp, slices), COUNT=bool(count), AHEAD=prefetch, WB=bool(ballot),
-                    num_warps=FALLBACK_WARPS, **(dict(maxnreg=maxnreg) if maxnreg else {}))
+    block = min(block, slice_keys)
+    return LaunchKw(K=topk, REGION=2 * cap, SLICE=slice_keys, BLOCK=block, NS=slices, NSP=nsp,
+                    BUF=buf if buf >= 16 else 0, BOFF=fallback_buffer_slot(nsp, slices), COUNT=bool(count),
+                    AHEAD=prefetch, WB=bool(ballot) and block % FALLBACK_BALLOT_KEYS == 0, num_warps=FALLBACK_WARPS,
+                    **(dict(maxnreg=maxnreg) if maxnreg else {}))
 
 
 def fallback_buffer_slot(nsp: int, slices: int) -> int:

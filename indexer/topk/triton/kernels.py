@@ -852,6 +852,9 @@ if triton is not None:
             pmask = pmask | (dmask << shift)
             kmax = tl.load(reg + _FB_KMAX, volatile=True)
             kmin = tl.load(reg + _FB_KMIN, volatile=True)
+            # every thread's loads of the state before any store to it (each branch below
+            # is then taken by every thread alike)
+            tl.debug_barrier()
             tl.store(reg + _FB_KMAX, -2147483648)
             tl.store(reg + _FB_KMIN, 2147483647)
             inbin = tl.sum(tl.where(bins == b, hist, 0), axis=0)
@@ -935,8 +938,9 @@ if triton is not None:
         counted) equal the lane's index: a warp's 32-bin histogram spread over its lanes,
         summed in registers across a pass's steps (:func:`_lane_histogram` gathers it).
         NVIDIA only (inline PTX); four elements a thread (one ballot set a register), so
-        every lane holds exactly four of the block's. Triton's ``tl.histogram`` takes the
-        same ballots but adds each step's counts to shared memory between barriers."""
+        every lane holds exactly four of the block's. Triton's ``tl.histogram`` (sm_90a,
+        Triton 3.9) instead adds every key to a shared-memory bin by an atomic, between
+        barriers at each call."""
         return tl.inline_asm_elementwise(_WARP_HISTOGRAM_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [digit, acc],
                                          dtype=tl.int32, is_pure=False, pack=4)
 
@@ -944,8 +948,9 @@ if triton is not None:
     def _lane_histogram(acc, bins):
         """The 32-bin histogram over ``bins`` of :func:`_warp_histogram`'s counts ``acc``:
         each element's count goes to the bin of its lane (read in ``acc``'s own layout, the
-        one the counts were taken in), eight bins at a time (all 32 at once took the
-        kernel from 80 to 128 registers a thread)."""
+        one the counts were taken in: the TTGIR for sm_90a converts neither between them), one
+        bin at a time (all 32 at once, a 512 x 32 tile, took the kernel from 76 to 128
+        registers a thread)."""
         lane = tl.inline_asm_elementwise("mov.u32 $0, %laneid;", "=r,r", [acc], dtype=tl.int32, is_pure=False,
                                          pack=1)
         hist = tl.zeros((32,), tl.int32)
@@ -962,13 +967,14 @@ if triton is not None:
         ``p`` (among keys matching the digits above) to the row's, and keeps it at
         ``reg[_FB_ZEROED + NSP + 32 * s:]`` (a slice none of whose keys matched skips the later
         digits), and the greatest and least of those keys to the row's (``reg[_FB_KMAX]``,
-        ``reg[_FB_KMIN]``), unless every digit is found; ``p == 7`` writes the keys above the k-th and counts the slice's keys equal
-        to it; ``p == 8`` writes the ties the slices before left to take, lowest columns first.
-        With ``BUF``, once the digits leave at most ``BUF`` keys that could be the k-th, that
-        pass moves them to the row's buffer instead (:func:`_fallback_fill`), the next selects
-        from it (:func:`_fallback_finish`, slice 0) and the passes after do nothing. Indices go
-        to slots from the row's write counter (by warp ballots with ``WB``, NVIDIA, which also
-        counts the digits by ballots in registers: :func:`_warp_histogram`). Every load of what another item wrote is
+        ``reg[_FB_KMIN]``), unless every digit is found; ``p == 7`` writes the keys above the
+        k-th and counts the slice's keys equal to it; ``p == 8`` writes the ties the slices
+        before left to take, lowest columns first. With ``BUF``, once the digits leave at most
+        ``BUF`` keys that could be the k-th, that pass moves them to the row's buffer instead
+        (:func:`_fallback_fill`), the next selects from it (:func:`_fallback_finish`, slice 0)
+        and the passes after do nothing. Indices go to slots from the row's write counter (by
+        warp ballots with ``WB``, NVIDIA, which also counts the digits by ballots in
+        registers: :func:`_warp_histogram`). Every load of what another item wrote is
         volatile: that item may have run on another SM, whose writes a line left in this SM's
         L1 cache would hide."""
         buf = (reg + BOFF).to(tl.pointer_type(tl.int64))
