@@ -507,12 +507,13 @@ def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, co
         # its int32 column offsets (a slice's end, the blocks loaded ahead) would wrap
         return None
     nsp = _next_pow2(slices)
+    boff = fallback_buffer_slot(nsp, slices)
     # int64 slots left past the state, from the first even int32 slot
-    free = (2 * cap - fallback_buffer_slot(nsp, slices)) // 2
+    free = (2 * cap - boff) // 2
     buf = min(buffer, 1 << (free.bit_length() - 1)) if buffer and free > 0 else 0
     block = min(block, slice_keys)
     return LaunchKw(K=topk, REGION=2 * cap, SLICE=slice_keys, BLOCK=block, NS=slices, NSP=nsp,
-                    BUF=buf if buf >= 16 else 0, BOFF=fallback_buffer_slot(nsp, slices), COUNT=bool(count),
+                    BUF=buf if buf >= 16 else 0, BOFF=boff, COUNT=bool(count),
                     AHEAD=prefetch, WB=bool(ballot) and block % FALLBACK_BALLOT_KEYS == 0, num_warps=FALLBACK_WARPS,
                     **(dict(maxnreg=maxnreg) if maxnreg else {}))
 
