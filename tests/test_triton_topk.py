@@ -1037,6 +1037,38 @@ def test_split_fallback_orders_special_values_like_floats(buffer, steps):
     assert split == 3, (paths, split)
 
 
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("steps", [STEPS[0], STEPS[1], STEPS[4]])
+def test_split_fallback_reads_rows_at_every_alignment(steps, tied):
+    # the passes load a row by 16-byte runs from the run holding its first key: rows starting
+    # at each of the four positions of a run (a view whose data starts one float past a
+    # 16-byte boundary, rows 1023 keys apart), the keys around each window (read with its
+    # first and last runs, never counted) larger than every key inside, and rows as long as
+    # the block, whose last run ends up to three keys past the slices' span (1024 keys)
+    width, rows, topk = 1023, 8, 100
+    g = torch.Generator().manual_seed(5)
+    big = torch.full((rows * width + 8,), 1e30)
+    vals = big[1:1 + rows * width].view(rows, width)
+    inner = torch.randn(rows, width, generator=g)
+    if tied:
+        inner = (inner * 2).round() / 2  # ties at the k-th key across slices
+    starts = torch.tensor([0, 2, 0, 4, 1, 0, 2, 3])
+    lengths = torch.tensor([width - 3, width - 6, width, width - 9, width - 2, width - 4, width - 2, width - 3])
+    col = torch.arange(width)
+    inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
+    vals[inside] = inner[inside]
+    if DEVICE != "cpu":
+        big = big.to(DEVICE)
+        vals = big[1:1 + rows * width].view(rows, width)
+    first = (vals.data_ptr() // 4 + torch.arange(rows) * width + starts) % 4
+    cfg = dict(SPLIT_FALLBACK, **steps)
+    span = -(-width // cfg["fallback_slice"]) * cfg["fallback_slice"]
+    assert set(first.tolist()) == {0, 1, 2, 3} and bool((lengths + first > span).any()), (first, span)
+    masked = torch.where(inside, vals.cpu(), float("-inf"))
+    paths, split = _check_split(vals, masked, starts, lengths, topk, **cfg)
+    assert split == rows, (paths, split)
+
+
 @pytest.mark.parametrize("buffer", [0, 64])
 @pytest.mark.parametrize("slices", [1, 4])
 def test_overflowing_rows_take_the_split_fallback(slices, buffer):

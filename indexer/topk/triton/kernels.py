@@ -401,33 +401,42 @@ if triton is not None:
             return c0 + off
 
     @triton.jit
+    def _block_load(base, c0, off, length, STEP: tl.constexpr, GROUP: tl.constexpr, W: tl.constexpr,
+                    DEAL: tl.constexpr, VEC: tl.constexpr):
+        # the block at c0, keys at or past `length` -inf; with VEC (`base` 16-byte aligned, c0 a
+        # multiple of 4) by runs of 4 keys, one vector load each: a run is read whole where
+        # its first key is below `length`, so the caller masks the keys past it
+        c = _block_cols(c0, off, STEP, GROUP, W, DEAL)
+        if VEC:
+            return tl.load(base + c, mask=c0 + (off // 4) * 4 < length, other=float("-inf"))
+        else:
+            return tl.load(base + c, mask=c < length, other=float("-inf"))
+
+    @triton.jit
     def _prime_ahead(base, lo, off, length, STEP: tl.constexpr, DEPTH: tl.constexpr, GROUP: tl.constexpr,
-                     W: tl.constexpr, DEAL: tl.constexpr):
+                     W: tl.constexpr, DEAL: tl.constexpr, VEC: tl.constexpr = False):
         # the first DEPTH blocks of a pass, in flight before it starts (the unused ones are
         # placeholders that the loop carries unchanged)
-        c = _block_cols(lo, off, STEP, GROUP, W, DEAL)
-        a1 = tl.load(base + c, mask=c < length, other=float("-inf"))
+        a1 = _block_load(base, lo, off, length, STEP, GROUP, W, DEAL, VEC)
         a2 = a1
         a3 = a1
         if DEPTH >= 2:
-            c = _block_cols(lo + STEP, off, STEP, GROUP, W, DEAL)
-            a2 = tl.load(base + c, mask=c < length, other=float("-inf"))
+            a2 = _block_load(base, lo + STEP, off, length, STEP, GROUP, W, DEAL, VEC)
         if DEPTH >= 3:
-            c = _block_cols(lo + 2 * STEP, off, STEP, GROUP, W, DEAL)
-            a3 = tl.load(base + c, mask=c < length, other=float("-inf"))
+            a3 = _block_load(base, lo + 2 * STEP, off, length, STEP, GROUP, W, DEAL, VEC)
         return a1, a2, a3
 
     @triton.jit
     def _shift_ahead(base, c0, off, length, a1, a2, a3, STEP: tl.constexpr, DEPTH: tl.constexpr,
-                     MASKED: tl.constexpr, GROUP: tl.constexpr, W: tl.constexpr, DEAL: tl.constexpr):
+                     MASKED: tl.constexpr, GROUP: tl.constexpr, W: tl.constexpr, DEAL: tl.constexpr,
+                     VEC: tl.constexpr = False):
         # the block at c0 (loaded DEPTH steps ago) and the blocks still in flight, the newest
         # being the load of the block DEPTH steps past c0 (unmasked where the caller knows it
         # whole: no bound check and no fill value a key)
-        nxt = _block_cols(c0 + DEPTH * STEP, off, STEP, GROUP, W, DEAL)
         if MASKED:
-            new = tl.load(base + nxt, mask=nxt < length, other=float("-inf"))
+            new = _block_load(base, c0 + DEPTH * STEP, off, length, STEP, GROUP, W, DEAL, VEC)
         else:
-            new = tl.load(base + nxt)
+            new = tl.load(base + _block_cols(c0 + DEPTH * STEP, off, STEP, GROUP, W, DEAL))
         if DEPTH == 1:
             return a1, new, a2, a3
         elif DEPTH == 2:
@@ -869,9 +878,30 @@ if triton is not None:
             tl.store(reg + _FB_NEED, rest)
 
     @triton.jit
-    def _fallback_fill(base, obase, lo, hi, reg, wpos_ptr, buf, prefix, pmask, BLOCK: tl.constexpr,
+    def _fallback_in_row(i, length):
+        # 0 <= i < length in one unsigned compare
+        return i.to(tl.uint32, bitcast=True) < length.to(tl.uint32)
+
+    @triton.jit
+    def _fallback_step(base, c0, off, hi, mis, length, a1, a2, a3, BLOCK: tl.constexpr, AHEAD: tl.constexpr):
+        """One step of a fallback pass over a row's aligned view: ``base`` is the 16-byte
+        boundary at or before the row's first key, which is key ``mis`` (0-3) of the view, so
+        that a thread loads its keys four at a time, one vector load each (a row starts at any
+        key: loads from the row's own first key took four scalar loads, each with its own
+        address and bound check). A pass walks keys ``[lo, hi)`` of the view (a slice; the
+        last ends at ``length + mis``). Returns the view's keys at ``c0`` (``BLOCK``, float32),
+        their columns in the row, whether they are the row's (the view's first ``mis`` keys
+        and those past the row's end, read with the 16 bytes holding a row key, are not),
+        and the loads kept in flight (:func:`_shift_ahead`)."""
+        v, a1, a2, a3 = _shift_ahead(base, c0, off, hi, a1, a2, a3, BLOCK, AHEAD, True, BLOCK, 1, False, True)
+        i = c0 - mis + off
+        return v, i, _fallback_in_row(i, length), a1, a2, a3
+
+    @triton.jit
+    def _fallback_fill(base, obase, lo, hi, mis, length, reg, wpos_ptr, buf, prefix, pmask, BLOCK: tl.constexpr,
                        BUF: tl.constexpr, AHEAD: tl.constexpr, WB: tl.constexpr):
-        """Keys ``[lo, hi)`` of a fallback row whose digits found leave at most ``BUF`` keys
+        """Keys ``[lo, hi)`` (of the aligned view, :func:`_fallback_step`) of a fallback row
+        whose digits found leave at most ``BUF`` keys
         matching ``prefix`` (under ``pmask``): the keys above those to the row's indices, the
         keys matching it to the buffer ``buf`` (int64: the key high, its column reversed low,
         ordered as the row's selection orders them; :func:`_fallback_finish`), slots from its
@@ -880,11 +910,9 @@ if triton is not None:
         least = prefix ^ -2147483648
         most = (prefix | ~pmask) ^ -2147483648
         off = tl.arange(0, BLOCK)
-        a1, a2, a3 = _prime_ahead(base, lo, off, hi, BLOCK, AHEAD, BLOCK, 1, False)
+        a1, a2, a3 = _prime_ahead(base, lo, off, hi, BLOCK, AHEAD, BLOCK, 1, False, True)
         for c0 in range(lo, hi, BLOCK):
-            i = c0 + off
-            m = i < hi
-            v, a1, a2, a3 = _shift_ahead(base, c0, off, hi, a1, a2, a3, BLOCK, AHEAD, True, BLOCK, 1, False)
+            v, i, m, a1, a2, a3 = _fallback_step(base, c0, off, hi, mis, length, a1, a2, a3, BLOCK, AHEAD)
             key = _skey(v)
             _append_out(obase, wpos_ptr, m & (key > most), i, WB)
             inside = (m & (key >= least) & (key <= most)).to(tl.int32)
@@ -959,10 +987,12 @@ if triton is not None:
         return hist
 
     @triton.jit
-    def _fallback_item(base, obase, lo, hi, reg, wpos_ptr, s, p, BLOCK: tl.constexpr, NS: tl.constexpr,
-                       NSP: tl.constexpr, BUF: tl.constexpr, BOFF: tl.constexpr, AHEAD: tl.constexpr,
-                       WB: tl.constexpr):
-        """Pass ``p`` of a fallback row over its keys ``[lo, hi)`` (slice ``s``), with the digits
+    def _fallback_item(base, obase, lo, hi, mis, length, reg, wpos_ptr, s, p, BLOCK: tl.constexpr,
+                       NS: tl.constexpr, NSP: tl.constexpr, BUF: tl.constexpr, BOFF: tl.constexpr,
+                       AHEAD: tl.constexpr, WB: tl.constexpr):
+        """Pass ``p`` of a fallback row of ``length`` keys over keys ``[lo, hi)`` of its aligned
+        view ``base`` (slice ``s``; the row's first key is the view's key ``mis``,
+        :func:`_fallback_step`), with the digits
         found before it (:func:`_fallback_next`): ``p < 7`` adds the slice's histogram of digit
         ``p`` (among keys matching the digits above) to the row's, and keeps it at
         ``reg[_FB_ZEROED + NSP + 32 * s:]`` (a slice none of whose keys matched skips the later
@@ -986,7 +1016,8 @@ if triton is not None:
         if (filled > 0) & (p >= filled):
             if BUF > 0:
                 if p == filled:
-                    _fallback_fill(base, obase, lo, hi, reg, wpos_ptr, buf, prefix, pmask, BLOCK, BUF, AHEAD, WB)
+                    _fallback_fill(base, obase, lo, hi, mis, length, reg, wpos_ptr, buf, prefix, pmask, BLOCK, BUF,
+                                   AHEAD, WB)
                 elif (p == filled + 1) & (s == 0):
                     # the row finished from the buffer, once; the passes after do nothing
                     _fallback_finish(obase, reg, wpos_ptr, buf, prefix, pmask, tl.load(reg + _FB_NEED, volatile=True),
@@ -1013,11 +1044,9 @@ if triton is not None:
                 kmax = tl.full((BLOCK,), -2147483648, tl.int32)
                 kmin = tl.full((BLOCK,), 2147483647, tl.int32)
                 # the next AHEAD blocks' loads in flight while this one is counted
-                a1, a2, a3 = _prime_ahead(base, lo, off, hi, BLOCK, AHEAD, BLOCK, 1, False)
+                a1, a2, a3 = _prime_ahead(base, lo, off, hi, BLOCK, AHEAD, BLOCK, 1, False, True)
                 for c0 in range(lo, hi, BLOCK):
-                    i = c0 + off
-                    m = i < hi
-                    v, a1, a2, a3 = _shift_ahead(base, c0, off, hi, a1, a2, a3, BLOCK, AHEAD, True, BLOCK, 1, False)
+                    v, i, m, a1, a2, a3 = _fallback_step(base, c0, off, hi, mis, length, a1, a2, a3, BLOCK, AHEAD)
                     key = _skey(v)
                     u = key ^ -2147483648
                     counted = m & ((u & pmask) == prefix)
@@ -1039,11 +1068,9 @@ if triton is not None:
             if p == 7:
                 eq = tl.zeros((BLOCK,), tl.int32)
                 off = tl.arange(0, BLOCK)
-                a1, a2, a3 = _prime_ahead(base, lo, off, hi, BLOCK, AHEAD, BLOCK, 1, False)
+                a1, a2, a3 = _prime_ahead(base, lo, off, hi, BLOCK, AHEAD, BLOCK, 1, False, True)
                 for c0 in range(lo, hi, BLOCK):
-                    i = c0 + off
-                    m = i < hi
-                    v, a1, a2, a3 = _shift_ahead(base, c0, off, hi, a1, a2, a3, BLOCK, AHEAD, True, BLOCK, 1, False)
+                    v, i, m, a1, a2, a3 = _fallback_step(base, c0, off, hi, mis, length, a1, a2, a3, BLOCK, AHEAD)
                     key = _skey(v)
                     _append_out(obase, wpos_ptr, m & (key > kth), i, WB)
                     eq += (m & (key == kth)).to(tl.int32)
@@ -1054,9 +1081,9 @@ if triton is not None:
                 before = tl.sum(tl.load(reg + _FB_ZEROED + sl, mask=sl < s, other=0, volatile=True), axis=0)
                 c0 = tl.where(tl.load(reg + _FB_ZEROED + s, volatile=True) > 0, lo, hi)  # a slice without ties skips
                 while (c0 < hi) & (before < need):
-                    i = c0 + tl.arange(0, BLOCK)
-                    m = i < hi
-                    eq = (m & (_skey(tl.load(base + i, mask=m, other=0.0)) == kth)).to(tl.int32)
+                    i = c0 - mis + tl.arange(0, BLOCK)
+                    m = _fallback_in_row(i, length)
+                    eq = (m & (_skey(tl.load(base + mis + i, mask=m, other=0.0)) == kth)).to(tl.int32)
                     _append_out(obase, wpos_ptr, (eq > 0) & (before + tl.cumsum(eq, axis=0) <= need), i, False)
                     before += tl.sum(eq, axis=0)
                     c0 += BLOCK
@@ -1110,10 +1137,15 @@ if triton is not None:
             if COUNT:
                 if (p == 0) & (s == 0):
                     tl.atomic_add(stats_ptr + 5, 1)
+            base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
+            # the row's aligned view (_fallback_step): its first key is key `mis` of the view,
+            # whose slices of SLICE keys the items take, the last to the row's end
+            mis = ((base.to(tl.int64) >> 2) & 3).to(tl.int32)
             lo = s * SLICE
-            if lo < length:
-                base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
-                _fallback_item(base, out_ptr + row * stride_om, lo, tl.minimum(lo + SLICE, length), reg,
+            end = length + mis
+            if lo < end:
+                hi = tl.where(s == NS - 1, end, tl.minimum(lo + SLICE, end))
+                _fallback_item(tl.multiple_of(base - mis, 16), out_ptr + row * stride_om, lo, hi, mis, length, reg,
                                wpos_ptr + row, s, p, BLOCK, NS, NSP, BUF, BOFF, AHEAD, WB)
             # every thread's writes of this item before its count; the row's last item of the
             # pass (its count acquiring every other item's) finds the next digit once for all
