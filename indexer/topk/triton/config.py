@@ -62,11 +62,11 @@ RETRY_SPLIT = FALLBACK_SPLIT
 #: Keys a step of the split fallback's passes (at 512 the kernel takes 64 registers a
 #: thread and 8 programs fit an SM; at 2048 it took 96: docs/topk.md); int32 slots of a
 #: row's state before its per-slice counts (seven 32-bin digit histograms; the count of keys
-#: in its buffer, the pass that fills it, the digits found, their mask, the keys still
-#: needed, the passes ready, the greatest and least key a pass saw and the items done); slots
-#: budgeted a slice: twice its key count and 32-bin histogram, room for the counts' padding
-#: to a power of two.
-FALLBACK_BLOCK, FALLBACK_STATE, FALLBACK_SLICE_SLOTS = 512, 7 * 32 + 9, 2 * (1 + 32)
+#: in its buffer, the pass that fills it, the bits found, their mask, the keys still
+#: needed, the passes ready, the greatest and least key a pass saw, the last digit's bin and
+#: the items done); slots budgeted a slice: twice its key count and 32-bin histogram, room
+#: for the counts' padding to a power of two.
+FALLBACK_BLOCK, FALLBACK_STATE, FALLBACK_SLICE_SLOTS = 512, 7 * 32 + 10, 2 * (1 + 32)
 #: Warps of a split fallback program; its ballots take four keys a thread, so steps of a
 #: multiple of ``FALLBACK_BALLOT_KEYS`` keys (``fallback_ballot``).
 FALLBACK_WARPS = 4

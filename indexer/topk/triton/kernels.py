@@ -32,11 +32,12 @@ if triton is not None:
     _BISECT_AFTER = tl.constexpr(SEARCH_BISECT_AFTER)
     _SPAN = tl.constexpr(SEARCH_SPAN)
     # a queued fallback row's slots, zeroed when it is queued: its seven 32-bin digit
-    # histograms; its buffer's key count; the pass that fills the buffer; the digits found so
-    # far, their mask and the keys still needed among those matching them; its passes ready
-    # to start; the greatest and least key matching the digits found before the pass running
-    # (set apart from zero when queued and after each pass); its items done. Then a key count
-    # a slice, a digit histogram a slice and the buffer (int64s, from the next even slot)
+    # histograms; its buffer's key count; the pass that fills the buffer; the bits of the
+    # k-th key found so far, their mask and the keys still needed among those matching them;
+    # its passes ready to start; the greatest and least key matching the bits found before the
+    # pass running (set apart from zero when queued and after each pass); the bin the last
+    # digit pass chose; its items done. Then a key count a slice, a digit histogram a slice
+    # and the buffer (int64s, from the next even slot)
     _FB_BUFN = tl.constexpr(7 * 32)
     _FB_FILLED = tl.constexpr(7 * 32 + 1)
     _FB_PREFIX = tl.constexpr(7 * 32 + 2)
@@ -45,6 +46,7 @@ if triton is not None:
     _FB_READY = tl.constexpr(7 * 32 + 5)
     _FB_KMAX = tl.constexpr(7 * 32 + 6)
     _FB_KMIN = tl.constexpr(7 * 32 + 7)
+    _FB_BIN = tl.constexpr(7 * 32 + 8)
     _FB_DONE = tl.constexpr(FALLBACK_STATE - 1)
     _FB_ZEROED = tl.constexpr(FALLBACK_STATE)
     _FB_ZERO_TILE = tl.constexpr(1 << (FALLBACK_STATE - 1).bit_length())
@@ -831,23 +833,50 @@ if triton is not None:
         tl.store(cand32_ptr + row * REGION + z, init, mask=z < _FB_ZEROED)
 
     @triton.jit
-    def _digit_place(j):
-        # digit j of a key's unsigned form: bits 31-27, 26-22, ..., 6-2 (j < 6), then 1-0
-        return tl.where(j < 6, 27 - 5 * j, 0), tl.where(j < 6, 31, 3)
+    def _lead_zeros(x):
+        # leading zero bits of int32 x's 32 (0-32), by halving
+        y = x.to(tl.int64) & 0xFFFFFFFF
+        n = tl.full((), 0, tl.int32)
+        top = (y >> 16) == 0
+        n += tl.where(top, 16, 0)
+        y = tl.where(top, (y << 16) & 0xFFFFFFFF, y)
+        top = (y >> 24) == 0
+        n += tl.where(top, 8, 0)
+        y = tl.where(top, (y << 8) & 0xFFFFFFFF, y)
+        top = (y >> 28) == 0
+        n += tl.where(top, 4, 0)
+        y = tl.where(top, (y << 4) & 0xFFFFFFFF, y)
+        top = (y >> 30) == 0
+        n += tl.where(top, 2, 0)
+        y = tl.where(top, (y << 2) & 0xFFFFFFFF, y)
+        n += tl.where((y >> 31) == 0, 1, 0)
+        return tl.where(x == 0, 32, n)
+
+    @triton.jit
+    def _digit_place(pmask):
+        # the next digit of a key's unsigned form below the bits `pmask` fixes (its top
+        # bits): five bits, or the last ones (shift, mask)
+        free = 32 - _lead_zeros(~pmask)
+        width = tl.minimum(free, 5)
+        return free - width, (1 << width) - 1
 
     @triton.jit
     def _fallback_next(reg, p, K: tl.constexpr, BUF: tl.constexpr):
         """Run once a fallback row's pass ``p`` is done, by the program of its last item: after
-        a digit pass (``p < 7``, the buffer not chosen, digits left to find), the row's digit
-        ``p`` of its k-th largest key (5 bits, the last 2, on the key's unsigned form: sign bit
-        flipped) from the row's 32-bin histogram of it at ``reg[32 * p:]``, added to the digits
-        found so far (``reg[_FB_PREFIX]``, their mask ``reg[_FB_PMASK]``), and the keys still
-        needed among those matching them (``reg[_FB_NEED]``); with ``BUF``, where the digit's
-        bin holds at most ``BUF`` keys (one of the top six digits), pass ``p + 1`` is to move
-        them to the buffer (``reg[_FB_FILLED]``). Otherwise, where every key the pass counted
-        was one key (its greatest and least, ``reg[_FB_KMAX]`` and ``reg[_FB_KMIN]``, equal),
-        that key is the k-th and every digit is found: the digit passes left do nothing (a
-        row tied at its k-th key reads its keys three times, not nine). The histogram and
+        a digit pass (``p < 7``, the buffer not chosen, bits left to find), the next digit of
+        the row's k-th largest key (on the key's unsigned form: sign bit flipped; five bits
+        below those found, or the last ones) from the row's 32-bin histogram of it at
+        ``reg[32 * p:]``, added to the bits found so far (``reg[_FB_PREFIX]``, their mask
+        ``reg[_FB_PMASK]``), the keys still needed among those matching them
+        (``reg[_FB_NEED]``) and the digit's bin (``reg[_FB_BIN]``). The keys matching them
+        lie in that bin and between the greatest and least key the pass counted
+        (``reg[_FB_KMAX]``, ``reg[_FB_KMIN]``): every bit those two bounds share is found too,
+        so that a digit can fix more than its own bits (a Gaussian row's keys in the top bin
+        of the first digit, sign and top exponent bits, share their exponent's next bits) and
+        a row whose keys there are all one key has all 32 (it is the k-th: the digit passes
+        left do nothing, and a row tied at its k-th key reads its keys three times, not
+        nine). With ``BUF``, where bits are left and the bin holds at most ``BUF`` keys, pass
+        ``p + 1`` is to move them to the buffer (``reg[_FB_FILLED]``). The histogram and
         bounds were added to by other programs' atomics: they are read past the L1 cache."""
         filled = tl.load(reg + _FB_FILLED, volatile=True)
         pmask = tl.load(reg + _FB_PMASK, volatile=True)
@@ -856,7 +885,7 @@ if triton is not None:
             hist = tl.load(reg + 32 * p + bins, volatile=True)
             need = tl.where(p == 0, K, tl.load(reg + _FB_NEED, volatile=True))
             b, rest = _top_bin(hist, bins, need)
-            shift, dmask = _digit_place(p)
+            shift, dmask = _digit_place(pmask)
             prefix = tl.load(reg + _FB_PREFIX, volatile=True) | (b << shift)
             pmask = pmask | (dmask << shift)
             kmax = tl.load(reg + _FB_KMAX, volatile=True)
@@ -867,15 +896,20 @@ if triton is not None:
             tl.store(reg + _FB_KMAX, -2147483648)
             tl.store(reg + _FB_KMIN, 2147483647)
             inbin = tl.sum(tl.where(bins == b, hist, 0), axis=0)
-            # (the bin holds at least one key: never taken without a buffer)
-            if (p < 6) & (inbin <= BUF):
+            # the bin's keys lie in [lo, hi] (signed keys; the bin holds at least one): the
+            # bits of a key's unsigned form above the highest where lo and hi differ are fixed
+            lo = tl.maximum(prefix ^ -2147483648, kmin)
+            hi = tl.minimum((prefix | ~pmask) ^ -2147483648, kmax)
+            free = (32 - _lead_zeros(lo ^ hi)).to(tl.int64)
+            pmask = (~((tl.full((), 1, tl.int64) << free) - 1)).to(tl.int32)
+            prefix = (lo ^ -2147483648) & pmask
+            # (never taken without a buffer)
+            if (pmask != -1) & (inbin <= BUF):
                 tl.store(reg + _FB_FILLED, p + 1)
-            elif kmax == kmin:
-                prefix = kmax ^ -2147483648
-                pmask = -1
             tl.store(reg + _FB_PREFIX, prefix)
             tl.store(reg + _FB_PMASK, pmask)
             tl.store(reg + _FB_NEED, rest)
+            tl.store(reg + _FB_BIN, b)
 
     @triton.jit
     def _fallback_in_row(i, length):
@@ -1025,7 +1059,7 @@ if triton is not None:
         elif p < 7:
             # 5-bit digits: the histogram's time grows with its bins (512 or 4096 bins measured
             # slower than seven passes of 32, docs/topk.md)
-            shift, dmask = _digit_place(p)
+            shift, dmask = _digit_place(pmask)
             bins = tl.arange(0, 32)
             own = reg + _FB_ZEROED + NSP + 32 * s
             # the slice's own histogram of the previous digit: none of its keys matching the
@@ -1033,8 +1067,7 @@ if triton is not None:
             # every digit found (one key left), no slice has
             mine = tl.where(pmask == -1, 0, hi - lo)
             if p > 0:
-                pshift, pdmask = _digit_place(p - 1)
-                prev = (prefix >> pshift) & pdmask
+                prev = tl.load(reg + _FB_BIN, volatile=True)
                 mine = tl.where(pmask == -1, 0,
                                 tl.sum(tl.where(bins == prev, tl.load(own + bins, volatile=True), 0), axis=0))
             if mine > 0:
