@@ -161,8 +161,10 @@ def _nvidia_topk_kernels(slices: int) -> None:
     # (fallback_ballot), or, turned off, by tl.histogram and a scan
     assert fallback_kw["WB"]
     order = (".acquire.", ".release.")
-    # (SKIP0: the ballot histogram's branch past a register with no digit to count)
-    _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, fallback_kw, order + ("vote.sync.ballot", "SKIP0"))
+    # (SKIP0: the ballot histogram's branch past a register with no digit to count;
+    # ld.global.v4: the passes load a row's aligned view four keys at a time)
+    _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, fallback_kw,
+                    order + ("vote.sync.ballot", "SKIP0", "ld.global.v4"))
     kernel = _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, WB=False), order)
     assert "vote.sync.ballot" not in kernel.asm["ptx"] and "SKIP0" not in kernel.asm["ptx"]
     _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, BUF=0), order)

@@ -487,7 +487,7 @@ def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, co
                     maxnreg: int | None = None) -> LaunchKw | None:
     """Keywords of the split fallback's launch for rows of at most ``n`` keys, or ``None``
     where none is planned: ``split`` is 0 or above ``n``. Its per-row state (seven 32-bin digit
-    histograms, nine slots of counts, digits found and key bounds, a key count and a digit
+    histograms, ten slots of counts, bits found, key bounds and the last digit's bin, a key count and a digit
     histogram a slice) lives in a fallback row's ``2 * cap`` int32 candidate slots, so slices
     grow past ``slice_keys`` where a row would need more of them than fit; a ``cap`` too small
     for one slice's state, or rows within two slices of 2**31 keys (int32 column offsets), rule

@@ -1026,12 +1026,12 @@ if triton is not None:
                        AHEAD: tl.constexpr, WB: tl.constexpr):
         """Pass ``p`` of a fallback row of ``length`` keys over keys ``[lo, hi)`` of its aligned
         view ``base`` (slice ``s``; the row's first key is the view's key ``mis``,
-        :func:`_fallback_step`), with the digits
-        found before it (:func:`_fallback_next`): ``p < 7`` adds the slice's histogram of digit
-        ``p`` (among keys matching the digits above) to the row's, and keeps it at
+        :func:`_fallback_step`), with the bits of the k-th key found before it
+        (:func:`_fallback_next`): ``p < 7`` adds the slice's histogram of the next digit
+        (among keys matching the bits found) to the row's, and keeps it at
         ``reg[_FB_ZEROED + NSP + 32 * s:]`` (a slice none of whose keys matched skips the later
         digits), and the greatest and least of those keys to the row's (``reg[_FB_KMAX]``,
-        ``reg[_FB_KMIN]``), unless every digit is found; ``p == 7`` writes the keys above the
+        ``reg[_FB_KMIN]``), unless every bit is found; ``p == 7`` writes the keys above the
         k-th and counts the slice's keys equal to it; ``p == 8`` writes the ties the slices
         before left to take, lowest columns first. With ``BUF``, once the digits leave at most
         ``BUF`` keys that could be the k-th, that pass moves them to the row's buffer instead
@@ -1063,8 +1063,8 @@ if triton is not None:
             bins = tl.arange(0, 32)
             own = reg + _FB_ZEROED + NSP + 32 * s
             # the slice's own histogram of the previous digit: none of its keys matching the
-            # digits found so far, it has nothing to count (nor to store: never read again);
-            # every digit found (one key left), no slice has
+            # bits found so far, it has nothing to count (nor to store: never read again);
+            # every bit found (one key left), no slice has
             mine = tl.where(pmask == -1, 0, hi - lo)
             if p > 0:
                 prev = tl.load(reg + _FB_BIN, volatile=True)
@@ -1096,7 +1096,7 @@ if triton is not None:
                 tl.atomic_max(reg + _FB_KMAX, tl.max(kmax, axis=0), sem="relaxed")
                 tl.atomic_min(reg + _FB_KMIN, tl.min(kmin, axis=0), sem="relaxed")
         else:
-            # seven digits: every bit of the k-th key
+            # every bit of the k-th key (seven digits fix at least 32 bits)
             kth = prefix ^ -2147483648
             if p == 7:
                 eq = tl.zeros((BLOCK,), tl.int32)
@@ -1139,7 +1139,8 @@ if triton is not None:
     ):
         """The fallback path of the rows the first select launch queued (``ctl[3]`` of them
         at ``ctl[5 + rows:]``), each split into ``NS`` slices of ``SLICE`` keys: a radix
-        select of seven digit passes (5 bits each, the last 2), then a pass writing the keys
+        select of up to seven digit passes (5 bits each below the bits found, which a pass can
+        extend past its own digit: :func:`_fallback_next`), then a pass writing the keys
         above the k-th key and one writing its ties, lowest columns first; with ``BUF``, a row
         whose digits leave at most ``BUF`` candidates for the k-th key moves them to a buffer
         (int64s from int32 slot ``BOFF`` of its region) and is finished from it, its later
