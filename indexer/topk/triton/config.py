@@ -63,10 +63,10 @@ RETRY_SPLIT = FALLBACK_SPLIT
 #: thread and 8 programs fit an SM; at 2048 it took 96: docs/topk.md); int32 slots of a
 #: row's state before its per-slice counts (seven 32-bin digit histograms; the count of keys
 #: in its buffer, the pass that fills it, the bits found, their mask, the keys still
-#: needed, the passes ready, the greatest and least key a pass saw, the last digit's bin and
-#: the items done); slots budgeted a slice: twice its key count and 32-bin histogram, room
-#: for the counts' padding to a power of two.
-FALLBACK_BLOCK, FALLBACK_STATE, FALLBACK_SLICE_SLOTS = 512, 7 * 32 + 10, 2 * (1 + 32)
+#: needed, the passes ready, the greatest and least key a pass saw and the items done); slots
+#: budgeted a slice: twice its key count and 32 slots (its greatest and least counted key),
+#: room for the counts' padding to a power of two.
+FALLBACK_BLOCK, FALLBACK_STATE, FALLBACK_SLICE_SLOTS = 512, 7 * 32 + 9, 2 * (1 + 32)
 #: Warps of a split fallback program; its ballots take four keys a thread, so steps of a
 #: multiple of ``FALLBACK_BALLOT_KEYS`` keys (``fallback_ballot``).
 FALLBACK_WARPS = 4
@@ -487,8 +487,8 @@ def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, co
                     maxnreg: int | None = None) -> LaunchKw | None:
     """Keywords of the split fallback's launch for rows of at most ``n`` keys, or ``None``
     where none is planned: ``split`` is 0 or above ``n``. Its per-row state (seven 32-bin digit
-    histograms, ten slots of counts, bits found, key bounds and the last digit's bin, a key count and a digit
-    histogram a slice) lives in a fallback row's ``2 * cap`` int32 candidate slots, so slices
+    histograms, nine slots of counts, bits found and key bounds, a key count and a key range
+    a slice, in 32 slots) lives in a fallback row's ``2 * cap`` int32 candidate slots, so slices
     grow past ``slice_keys`` where a row would need more of them than fit; a ``cap`` too small
     for one slice's state, or rows within two slices of 2**31 keys (int32 column offsets), rule
     the launch out. The slots left after the state hold the row's buffer (from slot ``BOFF``,

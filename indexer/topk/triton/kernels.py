@@ -35,9 +35,9 @@ if triton is not None:
     # histograms; its buffer's key count; the pass that fills the buffer; the bits of the
     # k-th key found so far, their mask and the keys still needed among those matching them;
     # its passes ready to start; the greatest and least key matching the bits found before the
-    # pass running (set apart from zero when queued and after each pass); the bin the last
-    # digit pass chose; its items done. Then a key count a slice, a digit histogram a slice
-    # and the buffer (int64s, from the next even slot)
+    # pass running (set apart from zero when queued and after each pass); its items done. Then
+    # a key count a slice, a slice's greatest and least counted key (in 32 slots a slice) and
+    # the buffer (int64s, from the next even slot)
     _FB_BUFN = tl.constexpr(7 * 32)
     _FB_FILLED = tl.constexpr(7 * 32 + 1)
     _FB_PREFIX = tl.constexpr(7 * 32 + 2)
@@ -46,7 +46,6 @@ if triton is not None:
     _FB_READY = tl.constexpr(7 * 32 + 5)
     _FB_KMAX = tl.constexpr(7 * 32 + 6)
     _FB_KMIN = tl.constexpr(7 * 32 + 7)
-    _FB_BIN = tl.constexpr(7 * 32 + 8)
     _FB_DONE = tl.constexpr(FALLBACK_STATE - 1)
     _FB_ZEROED = tl.constexpr(FALLBACK_STATE)
     _FB_ZERO_TILE = tl.constexpr(1 << (FALLBACK_STATE - 1).bit_length())
@@ -868,7 +867,7 @@ if triton is not None:
         below those found, or the last ones) from the row's 32-bin histogram of it at
         ``reg[32 * p:]``, added to the bits found so far (``reg[_FB_PREFIX]``, their mask
         ``reg[_FB_PMASK]``), the keys still needed among those matching them
-        (``reg[_FB_NEED]``) and the digit's bin (``reg[_FB_BIN]``). The keys matching them
+        (``reg[_FB_NEED]``). The keys matching them
         lie in that bin and between the greatest and least key the pass counted
         (``reg[_FB_KMAX]``, ``reg[_FB_KMIN]``): every bit those two bounds share is found too,
         so that a digit can fix more than its own bits (a Gaussian row's keys in the top bin
@@ -877,9 +876,13 @@ if triton is not None:
         left do nothing, and a row tied at its k-th key reads its keys three times, not
         nine). With ``BUF``, where bits are left and the bin holds at most ``BUF`` keys, pass
         ``p + 1`` is to move them to the buffer (``reg[_FB_FILLED]``). The histogram and
-        bounds were added to by other programs' atomics: they are read past the L1 cache."""
+        bounds were added to by other programs' atomics: they are read past the L1 cache.
+        Returns the pass to run next: ``p + 1``; 7 where every bit is found before the last
+        digit pass (the digit passes between do nothing); 9 (none) once the row is finished
+        from the buffer."""
         filled = tl.load(reg + _FB_FILLED, volatile=True)
         pmask = tl.load(reg + _FB_PMASK, volatile=True)
+        nxt = tl.where((filled > 0) & (p > filled), 9, p + 1)
         if (p < 7) & (filled == 0) & (pmask != -1):
             bins = tl.arange(0, 32)
             hist = tl.load(reg + 32 * p + bins, volatile=True)
@@ -909,7 +912,8 @@ if triton is not None:
             tl.store(reg + _FB_PREFIX, prefix)
             tl.store(reg + _FB_PMASK, pmask)
             tl.store(reg + _FB_NEED, rest)
-            tl.store(reg + _FB_BIN, b)
+            nxt = tl.where(pmask == -1, 7, nxt)
+        return nxt
 
     @triton.jit
     def _fallback_in_row(i, length):
@@ -998,7 +1002,7 @@ if triton is not None:
     def _warp_histogram(digit, acc):
         """``acc`` plus, in each lane, how many of its warp's ``digit`` (0-31; negative: not
         counted) equal the lane's index: a warp's 32-bin histogram spread over its lanes,
-        summed in registers across a pass's steps (:func:`_lane_histogram` gathers it).
+        summed in registers across a pass's steps (each lane then adds its count to the row's).
         NVIDIA only (inline PTX); four elements a thread (one ballot set a register), so
         every lane holds exactly four of the block's. Triton's ``tl.histogram`` (sm_90a,
         Triton 3.9) instead adds every key to a shared-memory bin by an atomic, between
@@ -1007,18 +1011,11 @@ if triton is not None:
                                          dtype=tl.int32, is_pure=False, pack=4)
 
     @triton.jit
-    def _lane_histogram(acc, bins):
-        """The 32-bin histogram over ``bins`` of :func:`_warp_histogram`'s counts ``acc``:
-        each element's count goes to the bin of its lane (read in ``acc``'s own layout, the
-        one the counts were taken in: the TTGIR for sm_90a converts neither between them), one
-        bin at a time (all 32 at once, a 512 x 32 tile, took the kernel from 76 to 128
-        registers a thread)."""
-        lane = tl.inline_asm_elementwise("mov.u32 $0, %laneid;", "=r,r", [acc], dtype=tl.int32, is_pure=False,
-                                         pack=1)
-        hist = tl.zeros((32,), tl.int32)
-        for b in tl.static_range(32):
-            hist += tl.where(bins == b, tl.sum(tl.where(lane == b, acc, 0), axis=0), 0)
-        return hist
+    def _lane_ids(x):
+        """Each element's lane in its warp, in ``x``'s layout (:func:`_warp_histogram`'s counts
+        are read in the layout they were taken in: the TTGIR for sm_90a converts neither
+        between them)."""
+        return tl.inline_asm_elementwise("mov.u32 $0, %laneid;", "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
     def _fallback_item(base, obase, lo, hi, mis, length, reg, wpos_ptr, s, p, BLOCK: tl.constexpr,
@@ -1060,17 +1057,18 @@ if triton is not None:
             # 5-bit digits: the histogram's time grows with its bins (512 or 4096 bins measured
             # slower than seven passes of 32, docs/topk.md)
             shift, dmask = _digit_place(pmask)
-            bins = tl.arange(0, 32)
             own = reg + _FB_ZEROED + NSP + 32 * s
-            # the slice's own histogram of the previous digit: none of its keys matching the
-            # bits found so far, it has nothing to count (nor to store: never read again);
-            # every bit found (one key left), no slice has
-            mine = tl.where(pmask == -1, 0, hi - lo)
+            # the keys matching the bits found: one range of signed keys. The slice holds some
+            # only where the range meets its greatest and least key the pass before counted
+            # (a slice that counted none stored an empty range)
+            least = prefix ^ -2147483648
+            most = (prefix | ~pmask) ^ -2147483648
+            mine = pmask != -1
             if p > 0:
-                prev = tl.load(reg + _FB_BIN, volatile=True)
-                mine = tl.where(pmask == -1, 0,
-                                tl.sum(tl.where(bins == prev, tl.load(own + bins, volatile=True), 0), axis=0))
-            if mine > 0:
+                mine = mine & (tl.load(own, volatile=True) >= least) & (tl.load(own + 1, volatile=True) <= most)
+            smax = tl.full((), -2147483648, tl.int32)
+            smin = tl.full((), 2147483647, tl.int32)
+            if mine:
                 hist = tl.zeros((32,), tl.int32)
                 off = tl.arange(0, BLOCK)
                 acc = tl.zeros((BLOCK,), tl.int32)
@@ -1090,11 +1088,17 @@ if triton is not None:
                     kmax = tl.maximum(kmax, tl.where(counted, key, -2147483648))
                     kmin = tl.minimum(kmin, tl.where(counted, key, 2147483647))
                 if WB:
-                    hist = _lane_histogram(acc, bins)
-                tl.store(own + bins, hist)
-                tl.atomic_add(reg + 32 * p + bins, hist, mask=hist > 0, sem="relaxed")
-                tl.atomic_max(reg + _FB_KMAX, tl.max(kmax, axis=0), sem="relaxed")
-                tl.atomic_min(reg + _FB_KMIN, tl.min(kmin, axis=0), sem="relaxed")
+                    # each lane holds its warp's count of the bin of its index: added to the
+                    # row's as it is (a reduction across the block a bin cost 32 of them)
+                    tl.atomic_add(reg + 32 * p + _lane_ids(acc), acc, mask=acc > 0, sem="relaxed")
+                else:
+                    tl.atomic_add(reg + 32 * p + tl.arange(0, 32), hist, mask=hist > 0, sem="relaxed")
+                smax = tl.max(kmax, axis=0)
+                smin = tl.min(kmin, axis=0)
+                tl.atomic_max(reg + _FB_KMAX, smax, sem="relaxed")
+                tl.atomic_min(reg + _FB_KMIN, smin, sem="relaxed")
+            tl.store(own, smax)
+            tl.store(own + 1, smin)
         else:
             # every bit of the k-th key (seven digits fix at least 32 bits)
             kth = prefix ^ -2147483648
@@ -1167,28 +1171,34 @@ if triton is not None:
             ready = tl.atomic_add(reg + _FB_READY, 0, sem="acquire")
             while ready < p:
                 ready = tl.atomic_add(reg + _FB_READY, 0, sem="acquire")
-            length = tl.load(lengths_ptr + row).to(tl.int32)
-            if COUNT:
-                if (p == 0) & (s == 0):
-                    tl.atomic_add(stats_ptr + 5, 1)
-            base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
-            # the row's aligned view (_fallback_step): its first key is key `mis` of the view,
-            # whose slices of SLICE keys the items take, the last to the row's end
-            mis = ((base.to(tl.int64) >> 2) & 3).to(tl.int32)
-            lo = s * SLICE
-            end = length + mis
-            if lo < end:
-                hi = tl.where(s == NS - 1, end, tl.minimum(lo + SLICE, end))
-                _fallback_item(tl.multiple_of(base - mis, 16), out_ptr + row * stride_om, lo, hi, mis, length, reg,
-                               wpos_ptr + row, s, p, BLOCK, NS, NSP, BUF, BOFF, AHEAD, WB)
-            # every thread's writes of this item before its count; the row's last item of the
-            # pass (its count acquiring every other item's) finds the next digit once for all
-            # of the next pass's items, then releases them
-            tl.debug_barrier()
-            if tl.atomic_add(reg + _FB_DONE, 1, sem="acq_rel") == (p + 1) * NS - 1:
-                _fallback_next(reg, p, K, BUF)
+            # a row past this pass already has nothing for it to do (_fallback_next), nor does
+            # any later item wait on its count
+            if ready == p:
+                length = tl.load(lengths_ptr + row).to(tl.int32)
+                if COUNT:
+                    if (p == 0) & (s == 0):
+                        tl.atomic_add(stats_ptr + 5, 1)
+                base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
+                # the row's aligned view (_fallback_step): its first key is key `mis` of the
+                # view, whose slices of SLICE keys the items take, the last to the row's end
+                mis = ((base.to(tl.int64) >> 2) & 3).to(tl.int32)
+                lo = s * SLICE
+                end = length + mis
+                if lo < end:
+                    hi = tl.where(s == NS - 1, end, tl.minimum(lo + SLICE, end))
+                    _fallback_item(tl.multiple_of(base - mis, 16), out_ptr + row * stride_om, lo, hi, mis, length,
+                                   reg, wpos_ptr + row, s, p, BLOCK, NS, NSP, BUF, BOFF, AHEAD, WB)
+                # every thread's writes of this item before its count; the row's last item of
+                # the pass (its count acquiring every other item's) finds the next digit once
+                # for all of the next pass's items, then releases them: pass p + 1, or past
+                # the passes with nothing to do (their items skip, counted here for them)
                 tl.debug_barrier()
-                tl.atomic_add(reg + _FB_READY, 1, sem="release")
+                if tl.atomic_add(reg + _FB_DONE, 1, sem="acq_rel") == (p + 1) * NS - 1:
+                    nxt = _fallback_next(reg, p, K, BUF)
+                    if (nxt == 7) & (p < 6):
+                        tl.atomic_add(reg + _FB_DONE, (6 - p) * NS, sem="relaxed")
+                    tl.debug_barrier()
+                    tl.atomic_add(reg + _FB_READY, nxt - p, sem="release")
             item = tl.atomic_add(ctl_ptr + 4, 1)
 
     @triton.jit
