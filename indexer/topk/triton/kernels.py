@@ -836,19 +836,11 @@ if triton is not None:
         # leading zero bits of int32 x's 32 (0-32), by halving
         y = x.to(tl.int64) & 0xFFFFFFFF
         n = tl.full((), 0, tl.int32)
-        top = (y >> 16) == 0
-        n += tl.where(top, 16, 0)
-        y = tl.where(top, (y << 16) & 0xFFFFFFFF, y)
-        top = (y >> 24) == 0
-        n += tl.where(top, 8, 0)
-        y = tl.where(top, (y << 8) & 0xFFFFFFFF, y)
-        top = (y >> 28) == 0
-        n += tl.where(top, 4, 0)
-        y = tl.where(top, (y << 4) & 0xFFFFFFFF, y)
-        top = (y >> 30) == 0
-        n += tl.where(top, 2, 0)
-        y = tl.where(top, (y << 2) & 0xFFFFFFFF, y)
-        n += tl.where((y >> 31) == 0, 1, 0)
+        for h in tl.static_range(5):
+            # the top 16, 8, 4, 2, 1 bits left zero: count them and shift them out
+            top = (y >> (32 - (16 >> h))) == 0
+            n += tl.where(top, 16 >> h, 0)
+            y = tl.where(top, (y << (16 >> h)) & 0xFFFFFFFF, y)
         return tl.where(x == 0, 32, n)
 
     @triton.jit
