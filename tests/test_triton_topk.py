@@ -1018,6 +1018,24 @@ def test_split_fallback_selects_the_torch_set_on_every_distribution(dist, buffer
     assert split == rows, (paths, split)
 
 
+@pytest.mark.parametrize("items", [1, 2])
+@pytest.mark.parametrize("buffer", [0, TC.FALLBACK_BUFFER])
+def test_split_fallback_merges_slices_into_items(buffer, items):
+    # 3 rows of 8 slices and 4 programs: items of 4 slices (items=1) or 2 (items=2), every
+    # distribution, ties at the k-th key spanning the merged slices
+    rows, n, topk = 3, 2000, 64
+    for dist in LOGIT_DISTRIBUTIONS:
+        logits = logits_like(dist, rows, n, seed=6)
+        starts = torch.tensor([0, 5, 301])
+        lengths = torch.tensor([n, n - 5, 1400])
+        col = torch.arange(n)
+        inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
+        masked = torch.where(inside, logits, float("-inf"))
+        paths, split = _check_split(logits.to(DEVICE), masked, starts, lengths, topk, **SPLIT_FALLBACK,
+                                    fallback_buffer=buffer, fallback_items=items)
+        assert split == rows, (dist, paths, split)
+
+
 @pytest.mark.parametrize("steps", [STEPS[0], STEPS[4]])
 @pytest.mark.parametrize("buffer", BUFFERS)
 def test_split_fallback_orders_special_values_like_floats(buffer, steps):
@@ -1037,9 +1055,10 @@ def test_split_fallback_orders_special_values_like_floats(buffer, steps):
     assert split == 3, (paths, split)
 
 
+@pytest.mark.parametrize("items", [0, 1, 3])
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("steps", [STEPS[0], STEPS[1], STEPS[4]])
-def test_split_fallback_reads_rows_at_every_alignment(steps, tied):
+def test_split_fallback_reads_rows_at_every_alignment(steps, tied, items):
     # the passes load a row by 16-byte runs from the run holding its first key: rows starting
     # at each of the four positions of a run (a view whose data starts one float past a
     # 16-byte boundary, rows 1023 keys apart), the keys around each window (read with its
@@ -1061,7 +1080,8 @@ def test_split_fallback_reads_rows_at_every_alignment(steps, tied):
         big = big.to(DEVICE)
         vals = big[1:1 + rows * width].view(rows, width)
     first = (vals.data_ptr() // 4 + torch.arange(rows) * width + starts) % 4
-    cfg = dict(SPLIT_FALLBACK, **steps)
+    # (items: slices merged into items where enough rows are queued, 4 programs here)
+    cfg = dict(SPLIT_FALLBACK, **steps, fallback_items=items)
     span = -(-width // cfg["fallback_slice"]) * cfg["fallback_slice"]
     assert set(first.tolist()) == {0, 1, 2, 3} and bool((lengths + first > span).any()), (first, span)
     masked = torch.where(inside, vals.cpu(), float("-inf"))

@@ -177,6 +177,10 @@ class TopkConfig:
             key to a shared-memory bin by an atomic, between barriers), and places indices and
             buffered keys by warp ballots (NVIDIA only; ``fallback_block`` and
             ``fallback_slice`` multiples of 512). ``None``: where it can run.
+        fallback_items: Items (runs of a pass over adjacent slices of a row) a split fallback
+            program takes a pass at least: its items merge 2, 4, ... slices where the rows
+            queued leave that many (each item costs atomics and a wait). ``0``: one slice an
+            item.
     """
 
     num_warps: int = 4
@@ -216,6 +220,7 @@ class TopkConfig:
     fallback_buffer: int = FALLBACK_BUFFER
     fallback_prefetch: int = FALLBACK_PREFETCH
     fallback_ballot: bool | None = None
+    fallback_items: int = 0
 
     def __post_init__(self) -> None:
         for name in ("fused", "tile_write", "dynamic", "ballot_write", "sample_jitter", "filter_deal"):
@@ -255,6 +260,8 @@ class TopkConfig:
                              f"{self.fallback_buffer!r}")
         if not (_int(self.fallback_prefetch) and self.fallback_prefetch in (1, 2, 3)):
             raise ValueError(f"fallback_prefetch must be 1, 2 or 3, got {self.fallback_prefetch!r}")
+        if not (_int(self.fallback_items) and self.fallback_items >= 0):
+            raise ValueError(f"fallback_items must be an int >= 0, got {self.fallback_items!r}")
         if self.slices is not None and not (_int(self.slices) and _pow2(self.slices) and self.slices <= MAX_SLICES):
             raise ValueError(f"slices must be None or a power of two in 1-{MAX_SLICES}, got {self.slices!r}")
         if self.fused and self.slices is not None and self.slices > 1:
@@ -457,7 +464,8 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
     common = select_constexprs(topk, lists, cap, tile, c.block, c.radix_bits, has_stats)
     fused_ch, fused_wb = _write_chunk(tile, num_warps, c.tile_write, fused and c.ballot_write)
     fallback_kw = (fallback_launch(topk, cap, n, c.fallback_split, c.fallback_slice, count_split, c.fallback_buffer,
-                                   c.fallback_block, c.fallback_prefetch, fallback_ballot, c.fallback_maxnreg)
+                                   c.fallback_block, c.fallback_prefetch, fallback_ballot, c.fallback_maxnreg,
+                                   c.fallback_items)
                    if not fused else None)
     # whole rows too few of whose keys pass go to the split fallback from retry_split keys on
     retry_from = max(c.retry_split, c.fallback_split) if fallback_kw is not None and c.retry_split else 0
@@ -484,7 +492,7 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
 def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, count: bool = False,
                     buffer: int = FALLBACK_BUFFER, block: int = FALLBACK_BLOCK,
                     prefetch: int = FALLBACK_PREFETCH, ballot: bool = False,
-                    maxnreg: int | None = None) -> LaunchKw | None:
+                    maxnreg: int | None = None, items: int = 0) -> LaunchKw | None:
     """Keywords of the split fallback's launch for rows of at most ``n`` keys, or ``None``
     where none is planned: ``split`` is 0 or above ``n``. Its per-row state (seven 32-bin digit
     histograms, nine slots of counts, bits found and key bounds, a key count and a key range
@@ -497,7 +505,8 @@ def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, co
     with the loads of the next ``prefetch`` steps in flight. ``ballot`` (NVIDIA, ``block`` a
     multiple of :data:`FALLBACK_BALLOT_KEYS`): digits counted and indices placed by warp
     ballots. ``maxnreg``: its register cap (NVIDIA). ``count``: it adds each row to
-    ``stats[STAT_SPLIT]``."""
+    ``stats[STAT_SPLIT]``. ``items``: an item's adjacent slices merge while every program keeps
+    at least that many items a pass (``0``: never)."""
     room = (2 * cap - FALLBACK_STATE) // FALLBACK_SLICE_SLOTS
     if split == 0 or n < split or room < 1:
         return None
@@ -514,7 +523,8 @@ def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, co
     block = min(block, slice_keys)
     return LaunchKw(K=topk, REGION=2 * cap, SLICE=slice_keys, BLOCK=block, NS=slices, NSP=nsp,
                     BUF=buf if buf >= 16 else 0, BOFF=boff, COUNT=bool(count),
-                    AHEAD=prefetch, WB=bool(ballot) and block % FALLBACK_BALLOT_KEYS == 0, num_warps=FALLBACK_WARPS,
+                    AHEAD=prefetch, WB=bool(ballot) and block % FALLBACK_BALLOT_KEYS == 0, ITEMS=items,
+                    num_warps=FALLBACK_WARPS,
                     **(dict(maxnreg=maxnreg) if maxnreg else {}))
 
 

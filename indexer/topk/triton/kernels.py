@@ -1132,6 +1132,7 @@ if triton is not None:
         BOFF: tl.constexpr,
         AHEAD: tl.constexpr = 1,
         WB: tl.constexpr = False,
+        ITEMS: tl.constexpr = 0,
     ):
         """The fallback path of the rows the first select launch queued (``ctl[3]`` of them
         at ``ctl[5 + rows:]``), each split into ``NS`` slices of ``SLICE`` keys: a radix
@@ -1150,14 +1151,24 @@ if triton is not None:
         has not started, and the grid need not fit the GPU at once. ``AHEAD``: steps of ``BLOCK``
         keys whose loads a pass keeps in flight. ``WB`` (NVIDIA; ``BLOCK`` a multiple of 512):
         the digits counted and the indices placed by warp ballots. An empty queue costs a
-        program a load and an atomic. ``COUNT``: each row adds 1 to ``stats[5]``."""
+        program a load and an atomic. ``COUNT``: each row adds 1 to ``stats[5]``. ``ITEMS``
+        (``> 0``): an item takes ``g`` adjacent slices (a power of two), as many as keep at
+        least ``ITEMS`` items a program a pass for the rows queued (each item costs waits and
+        atomics: many rows take fewer, longer items; a few rows keep the slices short, so
+        that every program has work)."""
         queued = tl.load(ctl_ptr + 3)
-        per_pass = queued * NS
+        g = tl.full((), 1, tl.int32)
+        if ITEMS > 0:
+            enough = ITEMS * tl.num_programs(0)
+            while (g < NS) & (queued * ((NS + 2 * g - 1) // (2 * g)) >= enough):
+                g *= 2
+        ns = (NS + g - 1) // g
+        per_pass = queued * ns
         item = tl.atomic_add(ctl_ptr + 4, 1)
         while item < 9 * per_pass:
             p = item // per_pass
-            q = (item % per_pass) // NS
-            s = item % NS
+            q = (item % per_pass) // ns
+            s = item % ns
             row = tl.load(ctl_ptr + 5 + rows + q).to(tl.int64)
             reg = cand32_ptr + row * REGION
             ready = tl.atomic_add(reg + _FB_READY, 0, sem="acquire")
@@ -1174,10 +1185,10 @@ if triton is not None:
                 # the row's aligned view (_fallback_step): its first key is key `mis` of the
                 # view, whose slices of SLICE keys the items take, the last to the row's end
                 mis = ((base.to(tl.int64) >> 2) & 3).to(tl.int32)
-                lo = s * SLICE
+                lo = (s * g) * SLICE
                 end = length + mis
                 if lo < end:
-                    hi = tl.where(s == NS - 1, end, tl.minimum(lo + SLICE, end))
+                    hi = tl.where((s == ns - 1) | (end - lo <= g * SLICE), end, lo + g * SLICE)
                     _fallback_item(tl.multiple_of(base - mis, 16), out_ptr + row * stride_om, lo, hi, mis, length,
                                    reg, wpos_ptr + row, s, p, BLOCK, NS, NSP, BUF, BOFF, AHEAD, WB)
                 # every thread's writes of this item before its count; the row's last item of
@@ -1185,10 +1196,10 @@ if triton is not None:
                 # for all of the next pass's items, then releases them: pass p + 1, or past
                 # the passes with nothing to do (their items skip, counted here for them)
                 tl.debug_barrier()
-                if tl.atomic_add(reg + _FB_DONE, 1, sem="acq_rel") == (p + 1) * NS - 1:
+                if tl.atomic_add(reg + _FB_DONE, 1, sem="acq_rel") == (p + 1) * ns - 1:
                     nxt = _fallback_next(reg, p, K, BUF)
                     if (nxt == 7) & (p < 6):
-                        tl.atomic_add(reg + _FB_DONE, (6 - p) * NS, sem="relaxed")
+                        tl.atomic_add(reg + _FB_DONE, (6 - p) * ns, sem="relaxed")
                     tl.debug_barrier()
                     tl.atomic_add(reg + _FB_READY, nxt - p, sem="release")
             item = tl.atomic_add(ctl_ptr + 4, 1)
