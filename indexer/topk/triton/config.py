@@ -179,8 +179,8 @@ class TopkConfig:
             ``fallback_slice`` multiples of 512). ``None``: where it can run.
         fallback_items: Items (runs of a pass over adjacent slices of a row) a split fallback
             program takes a pass at least: its items merge 2, 4, ... slices where the rows
-            queued leave that many (each item costs atomics and a wait). ``0``: one slice an
-            item.
+            queued leave that many (each item costs atomics and a wait; 8 in the sm90
+            config). ``0``: one slice an item.
     """
 
     num_warps: int = 4
@@ -308,11 +308,13 @@ CONFIGS: Mapping[str, TopkConfig] = MappingProxyType({
     # 72-104 within 1% of it at 256K. fallback_maxnreg: the split fallback's 8 programs an SM
     # fit at 64 registers (uncapped it takes 76 with its ballots, 70 without, and the ballots
     # then lost to tl.histogram's passes by up to 1.40x; capped they take 0.80-0.98x their
-    # time); 48 or 40 registers with 10 or 12 programs an SM spill and ran 1-9% slower,
+    # time); 48 or 40 registers with 10 or 12 programs an SM spill and ran 1-9% slower.
+    # fallback_items=8: with many rows queued, items of merged slices took 0.88-0.95x the
+    # time, and 0.99-1.01x where few rows are (32K-key slices instead: 1.08x there),
     # docs/topk.md)
     "sm90": TopkConfig(num_warps=4, filter_block=512, programs_per_sm=16, select_warps=4, prefetch=2, dynamic=True,
                        presample=True, ballot_write=True, streaming_filter_maxnreg=32, select_maxnreg=80,
-                       fallback_maxnreg=64),
+                       fallback_maxnreg=64, fallback_items=8),
 })
 
 
