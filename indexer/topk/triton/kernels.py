@@ -844,6 +844,12 @@ if triton is not None:
         return tl.where(x == 0, 32, n)
 
     @triton.jit
+    def _prefix_keys(prefix, pmask):
+        # the least and greatest signed key (_skey) whose unsigned form has the bits `prefix`
+        # under `pmask`
+        return prefix ^ -2147483648, (prefix | ~pmask) ^ -2147483648
+
+    @triton.jit
     def _digit_place(pmask):
         # the next digit of a key's unsigned form below the bits `pmask` fixes (its top
         # bits): five bits, or the last ones (shift, mask)
@@ -893,8 +899,9 @@ if triton is not None:
             inbin = tl.sum(tl.where(bins == b, hist, 0), axis=0)
             # the bin's keys lie in [lo, hi] (signed keys; the bin holds at least one): the
             # bits of a key's unsigned form above the highest where lo and hi differ are fixed
-            lo = tl.maximum(prefix ^ -2147483648, kmin)
-            hi = tl.minimum((prefix | ~pmask) ^ -2147483648, kmax)
+            least, most = _prefix_keys(prefix, pmask)
+            lo = tl.maximum(least, kmin)
+            hi = tl.minimum(most, kmax)
             free = (32 - _lead_zeros(lo ^ hi)).to(tl.int64)
             pmask = (~((tl.full((), 1, tl.int64) << free) - 1)).to(tl.int32)
             prefix = (lo ^ -2147483648) & pmask
@@ -937,8 +944,7 @@ if triton is not None:
         ordered as the row's selection orders them; :func:`_fallback_finish`), slots from its
         count ``reg[_FB_BUFN]``: by warp ballots with ``WB``, else at a scan's positions."""
         # the matching keys are one range of signed keys (the unsigned form's top bits fixed)
-        least = prefix ^ -2147483648
-        most = (prefix | ~pmask) ^ -2147483648
+        least, most = _prefix_keys(prefix, pmask)
         off = tl.arange(0, BLOCK)
         a1, a2, a3 = _prime_ahead(base, lo, off, hi, BLOCK, AHEAD, BLOCK, 1, False, True)
         for c0 in range(lo, hi, BLOCK):
@@ -966,8 +972,9 @@ if triton is not None:
         m = i < tl.load(reg + _FB_BUFN, volatile=True)
         both = tl.load(buf + i, mask=m, other=-9223372036854775807 - 1, volatile=True)
         col = 2147483647 - both.to(tl.int32)
-        lo = (prefix ^ -2147483648).to(tl.int64) << 32
-        hi = (((prefix | ~pmask) ^ -2147483648).to(tl.int64) << 32) | 2147483647
+        least, most = _prefix_keys(prefix, pmask)
+        lo = least.to(tl.int64) << 32
+        hi = (most.to(tl.int64) << 32) | 2147483647
         while lo < hi:
             mid = lo + ((hi - lo + 1) >> 1)
             if tl.sum((both >= mid).to(tl.int32), axis=0) >= need:
@@ -1017,10 +1024,10 @@ if triton is not None:
         view ``base`` (slice ``s``; the row's first key is the view's key ``mis``,
         :func:`_fallback_step`), with the bits of the k-th key found before it
         (:func:`_fallback_next`): ``p < 7`` adds the slice's histogram of the next digit
-        (among keys matching the bits found) to the row's, and keeps it at
-        ``reg[_FB_ZEROED + NSP + 32 * s:]`` (a slice none of whose keys matched skips the later
-        digits), and the greatest and least of those keys to the row's (``reg[_FB_KMAX]``,
-        ``reg[_FB_KMIN]``), unless every bit is found; ``p == 7`` writes the keys above the
+        (among keys matching the bits found) to the row's, and the greatest and least of those
+        keys to the row's (``reg[_FB_KMAX]``, ``reg[_FB_KMIN]``) and to the slice's own two
+        slots at ``reg[_FB_ZEROED + NSP + 32 * s:]`` (a later pass whose bits that range misses
+        skips the slice), unless every bit is found; ``p == 7`` writes the keys above the
         k-th and counts the slice's keys equal to it; ``p == 8`` writes the ties the slices
         before left to take, lowest columns first. With ``BUF``, once the digits leave at most
         ``BUF`` keys that could be the k-th, that pass moves them to the row's buffer instead
@@ -1053,8 +1060,7 @@ if triton is not None:
             # the keys matching the bits found: one range of signed keys. The slice holds some
             # only where the range meets its greatest and least key the pass before counted
             # (a slice that counted none stored an empty range)
-            least = prefix ^ -2147483648
-            most = (prefix | ~pmask) ^ -2147483648
+            least, most = _prefix_keys(prefix, pmask)
             mine = pmask != -1
             if p > 0:
                 mine = mine & (tl.load(own, volatile=True) >= least) & (tl.load(own + 1, volatile=True) <= most)
