@@ -1102,6 +1102,61 @@ def test_overflowing_rows_take_the_split_fallback(slices, buffer):
     assert paths[TC.STAT_PLAIN] == 2 and split == 2, (paths, split)
 
 
+def _check_seeded(logits, masked, starts, lengths, topk, **kw):
+    # _check with every stats entry: returns (rows split, rows of them seeded by the filter)
+    rows = logits.shape[0]
+    got = torch.full((rows, topk), 99999, dtype=torch.int32, device=DEVICE)
+    stats = torch.zeros(7, dtype=torch.int32, device=DEVICE)
+    T.ragged_topk(logits, starts.to(DEVICE), lengths.to(DEVICE), topk, got, stats=stats, config=_cfg(**kw))
+    want = torch.empty(rows, topk, dtype=torch.int32)
+    row_topk(masked, starts, lengths, topk, want)
+    assert torch.equal(got.cpu().sort(1).values, want.sort(1).values)
+    stats = stats.cpu().tolist()
+    assert sum(stats[:4]) == rows
+    return stats[TC.STAT_SPLIT], stats[TC.STAT_SEEDED]
+
+
+@pytest.mark.parametrize("steps", [STEPS[0], STEPS[4]])
+@pytest.mark.parametrize("buffer", [0, 64, TC.FALLBACK_BUFFER])
+@pytest.mark.parametrize("large", ["spread", "tied", "few"])
+@pytest.mark.parametrize("slices", [1, 4])
+def test_overflowing_rows_start_the_split_fallback_from_the_filters_histogram(slices, large, buffer, steps):
+    # 6144 large keys where the sample does not look overflow the lists; the filter counts
+    # the ones left out into its histogram and the select the listed ones, so the split
+    # fallback starts from the bin holding the k-th key: into the buffer where the bin fits
+    # (spread values 5-6, 1/32 of a binade a bin: about 770 keys), else the next digit below
+    # it; all of them tied (5.0), or 4 distinct values, end as tied rows do. The same sets
+    # with the histogram off
+    topk = 16
+    g = torch.Generator().manual_seed(21)
+    vals, starts, lengths = _hidden_large_keys(8192, 0, 6144, seed=9)
+    hidden = _unseen(8192, 0, 6144)
+    if large == "tied":
+        vals[:, hidden] = 5.0
+    elif large == "few":
+        vals[:, hidden] = 5.0 + torch.randint(0, 4, (6144,), generator=g).float() / 4
+    kw = dict(cap=4096, slices=slices, fallback_split=1024, fallback_buffer=buffer, **SMALL_SAMPLE, **steps)
+    assert _check_seeded(vals.to(DEVICE), vals, starts, lengths, topk, **kw) == (2, 2)
+    assert _check_seeded(vals.to(DEVICE), vals, starts, lengths, topk, fallback_seed=False, **kw) == (2, 0)
+
+
+def test_rows_whose_kth_key_is_in_the_thresholds_block_start_the_fallback_unseeded():
+    # the sampled keys (keys 0-7 of every 32 under SMALL_SAMPLE) hold 64 of 5.09 and -1.0
+    # elsewhere, so the threshold is 5.09 (low bits cleared); the 6144 keys of 5.1 where the
+    # sample does not look overflow the lists but share the threshold's block of keys (1/32
+    # of a binade), which the threshold cuts: the histogram gives no bits, and the rows take
+    # the whole split fallback (the same set)
+    topk = 16
+    n = 8192
+    col = torch.arange(n)
+    vals = torch.full((2, n), -1.0)
+    vals[:, col[col % 32 < 8][:64]] = 5.09
+    vals[:, _unseen(n, 0, 6144)] = 5.1
+    starts, lengths = torch.zeros(2, dtype=torch.int64), torch.full((2,), n, dtype=torch.int64)
+    kw = dict(cap=4096, slices=1, fallback_split=1024, fallback_buffer=64, **SMALL_SAMPLE)
+    assert _check_seeded(vals.to(DEVICE), vals, starts, lengths, topk, **kw) == (2, 0)
+
+
 def test_a_narrow_scratch_keeps_fallback_rows_in_the_select_launch():
     # 2 * cap int32 slots cannot hold the split fallback's histograms: no launch is planned and
     # the select launch serves the rows (the same set)

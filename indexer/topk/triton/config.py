@@ -16,6 +16,7 @@ import torch
 
 from ...platform import _arch_from_torch
 from .launch import LaunchKw
+from .ptx import SEED_BINS
 
 #: Shape of the sampled path (see the module docstring): runs of ``PIECE`` keys (64 bytes, a
 #: few sectors), one run every ``SPARSE * PIECE`` keys, so one key in ``SPARSE`` sampled; at
@@ -47,8 +48,9 @@ MAX_SLICES, SLICE_MIN = 64, 16384
 #: once. With a fifth entry, rows filtered a second time (the retry, fewer than k keys
 #: through the first threshold), whichever path then served them.
 STAT_SHORT, STAT_SAMPLED, STAT_PLAIN, STAT_WHOLE, STAT_RETRIED = 0, 1, 2, 3, 4
-#: With a sixth entry, the rows of ``STAT_PLAIN`` that were split across programs.
-STAT_SPLIT = 5
+#: With a sixth entry, the rows of ``STAT_PLAIN`` that were split across programs; with a
+#: seventh, those of them that started from the filter's histogram (``fallback_seed``).
+STAT_SPLIT, STAT_SEEDED = 5, 6
 #: Fallback rows of at least ``FALLBACK_SPLIT`` keys are split into slices of
 #: ``FALLBACK_SLICE`` keys, a work item each, in a launch of their own
 #: (``fallback_kernel``); shorter ones are selected by one program in the select launch.
@@ -181,6 +183,15 @@ class TopkConfig:
             program takes a pass at least: its items merge 2, 4, ... slices where the rows
             queued leave that many (each item costs atomics and a wait; 8 in the sm90
             config). ``0``: one slice an item.
+        fallback_seed: A row whose candidate lists overflowed (more keys passed the threshold
+            than they hold: large keys where the sample did not read, or all in one warp's
+            list) starts the split fallback from what the filter saw: the keys the lists had
+            no room for are counted into a histogram of the row's key range above the
+            threshold (:data:`~.ptx.SEED_BINS` bins of 1/32 of a binade), the select adds the
+            listed keys, and the bin holding the k-th key gives its top ``32 -``
+            :data:`~.ptx.SEED_SHIFT` bits: the fallback's first pass moves that bin to the
+            buffer where it fits, else counts the next digit below them, instead of starting
+            from the top digit.
     """
 
     num_warps: int = 4
@@ -221,9 +232,11 @@ class TopkConfig:
     fallback_prefetch: int = FALLBACK_PREFETCH
     fallback_ballot: bool | None = None
     fallback_items: int = 0
+    fallback_seed: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("fused", "tile_write", "dynamic", "ballot_write", "sample_jitter", "filter_deal"):
+        for name in ("fused", "tile_write", "dynamic", "ballot_write", "sample_jitter", "filter_deal",
+                     "fallback_seed"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("presample", "ballot", "fallback_ballot"):
@@ -344,9 +357,9 @@ def default_cap(topk: int) -> int:
 def scratch_bytes_per_row(topk: int) -> int:
     """Bytes of :func:`ragged_topk`'s temporaries a row at the default capacity: the
     candidate lists (value and column a slot), the per-list counts (16 lists at most), the
-    thresholds and column cuts (the first and the retry's), a write counter and two queue
-    entries."""
-    return 8 * default_cap(topk) + 4 * 16 + 28
+    thresholds and column cuts (the first and the retry's), a write counter, two queue
+    entries and the histogram of the keys the lists had no room for."""
+    return 8 * default_cap(topk) + 4 * 16 + 28 + 4 * SEED_BINS
 
 
 def auto_slices(device: torch.device, rows: int, n: int, programs_per_sm: int) -> int:
@@ -399,7 +412,7 @@ def _write_chunk(slots: int, warps: int, tile_write: bool, ballot_write: bool) -
 
 @functools.lru_cache(maxsize=256)
 def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, slices: int, has_stats: bool,
-          count_retries: bool = False, count_split: bool = False) -> tuple:
+          count_retries: bool = False, count_split: bool = False, count_seeded: bool = False) -> tuple:
     """``config`` on ``device`` for rows of at most ``n`` keys and ``slices`` programs a row,
     checked against the device and the call and turned into the launches' arguments, once
     per distinct call shape (a frozen config is its own cache key): ``(programs_per_sm,
@@ -469,6 +482,8 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
                                    c.fallback_block, c.fallback_prefetch, fallback_ballot, c.fallback_maxnreg,
                                    c.fallback_items)
                    if not fused else None)
+    # overflowing rows start the split fallback from the filter's histogram of the keys left out
+    seed = c.fallback_seed and fallback_kw is not None
     # whole rows too few of whose keys pass go to the split fallback from retry_split keys on
     retry_from = max(c.retry_split, c.fallback_split) if fallback_kw is not None and c.retry_split else 0
     filter_kw = LaunchKw(
@@ -477,17 +492,19 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
         DYNAMIC=bool(c.dynamic), FUSED=bool(fused), STW=tile // num_warps, CH=fused_ch, PRESAMPLE=presample,
         WB=fused_wb, num_warps=num_warps, **dict(common, W=num_warps), CAP=cap, SL=slices, RETRY=False,
         SECOND=second, RETRIES=bool(count_retries), JITTER=c.sample_jitter, DEAL=c.filter_deal, RETRY_FROM=retry_from,
-        **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
+        HIST=seed, **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
     sample_kw = None
     if presample:
         # up to 16 warps, 32 keys a thread at SAMPLE_MAX
         sample_kw = LaunchKw(K=topk, NP=runs, PIECE=piece, SPARSE=c.sparse, SIGMAS=float(c.sigmas),
                              SLACK=float(c.sample_slack), LOW_BIT=c.sample_low_bit, WHOLE=tile, SL=slices,
-                             SECOND=second, JITTER=c.sample_jitter, num_warps=max(1, min(16, runs * piece // 1024)))
+                             SECOND=second, JITTER=c.sample_jitter, HIST=seed,
+                             num_warps=max(1, min(16, runs * piece // 1024)))
     # split rows retry in a launch of their own (rows strided over its programs)
     retry_kw = LaunchKw(filter_kw, RETRY=True, DYNAMIC=False) if slices > 1 else None
     selects = select_launches(common, tile, cap, c.select_warps, fused, c.tile_write, c.select_maxnreg,
-                               c.ballot_write, c.fallback_split if fallback_kw is not None else 0)
+                               c.ballot_write, c.fallback_split if fallback_kw is not None else 0,
+                               fallback_kw["BUF"] if seed else None, bool(count_seeded))
     return c.programs_per_sm, num_warps, cap, sample_kw, filter_kw, retry_kw, selects, fallback_kw
 
 
@@ -563,14 +580,16 @@ def select_constexprs(topk: int, lists: int, cap: int, whole: int, block: int, r
 
 def select_launches(common: dict, tile: int, cap: int, select_warps: int, fused: bool = False,
                      tile_write: bool = False, select_maxnreg: int | None = None, ballot_write: bool = False,
-                     fallback_split: int = 0) -> tuple:
+                     fallback_split: int = 0, seed_buffer: int | None = None, count_seeded: bool = False) -> tuple:
     """The select kernel's launches as ``((first, keywords), ...)``: the first (unless fused
     into the filter) with tiles of ``tile`` slots; then the rows whose lists did not fit,
     with tiles of ``cap`` (and, fused, the fallback path's), unless the first tile holds them.
     ``ballot_write`` (NVIDIA): each launch whose write chunks allow it places the indices by
     warp ballots and a per-row counter instead of a scan. ``fallback_split > 0``: the first
     launch queues the fallback rows of at least that many keys for the split fallback's
-    launch (:func:`fallback_launch`) instead of selecting them."""
+    launch (:func:`fallback_launch`) instead of selecting them; with ``seed_buffer`` (its
+    buffer's keys), those whose lists overflowed start from the filter's histogram
+    (``fallback_seed``; ``count_seeded``: counted in ``stats[STAT_SEEDED]``)."""
     lists = common["W"]
     selects = []
     for first, slots in ((True, tile), (False, cap)):
@@ -580,5 +599,6 @@ def select_launches(common: dict, tile: int, cap: int, select_warps: int, fused:
         ch, wb = _write_chunk(slots, warps, tile_write and first, ballot_write)
         selects.append((first, LaunchKw(
             STW=slots // lists, CH=ch, FIRST=first, num_warps=warps, WB=wb, PSPLIT=fallback_split if first else 0,
+            SEED=first and seed_buffer is not None, SBUF=seed_buffer or 0, SEEDSTAT=first and count_seeded,
             **common, **(dict(maxnreg=select_maxnreg) if first and select_maxnreg else {}))))
     return tuple(selects)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from .config import FALLBACK_STATE, SEARCH_BISECT_AFTER, SEARCH_SPAN
 from .launch import Launcher
-from .ptx import (_WARP_PAIR_STORE_PTX, _WARP_RANKS_PTX, _WARP_STORE_PTX, _shared_append_ptx, _warp_append_ptx,
-                  _warp_histogram_ptx)
+from .ptx import (SEED_BINS, SEED_SHIFT, _WARP_PAIR_STORE_PTX, _WARP_RANKS_PTX, _WARP_STORE_PTX, _shared_append_ptx,
+                  _warp_append_ptx, _warp_histogram_ptx)
 
 try:
     import triton
@@ -28,6 +28,15 @@ if triton is not None:
     _WARP_APPEND_CUT_ASM = tl.constexpr(_warp_append_ptx(True))
     _SHARED_APPEND_ASM = tl.constexpr(_shared_append_ptx(False))
     _SHARED_APPEND_CUT_ASM = tl.constexpr(_shared_append_ptx(True))
+    _WARP_APPEND_HIST_ASM = tl.constexpr(_warp_append_ptx(False, True))
+    _WARP_APPEND_CUT_HIST_ASM = tl.constexpr(_warp_append_ptx(True, True))
+    _SHARED_APPEND_HIST_ASM = tl.constexpr(_shared_append_ptx(False, True))
+    _SHARED_APPEND_CUT_HIST_ASM = tl.constexpr(_shared_append_ptx(True, True))
+    _SEED_SHIFT = tl.constexpr(SEED_SHIFT)
+    _SEED_BINS = tl.constexpr(SEED_BINS)
+    # a key's block (its unsigned form's top 32 - SEED_SHIFT bits) and their mask on a key
+    _SEED_BLOCKS = tl.constexpr((1 << (32 - SEED_SHIFT)) - 1)
+    _SEED_PMASK = tl.constexpr(-(1 << SEED_SHIFT))
     _WARP_HISTOGRAM_ASM = tl.constexpr(_warp_histogram_ptx())
     _BISECT_AFTER = tl.constexpr(SEARCH_BISECT_AFTER)
     _SPAN = tl.constexpr(SEARCH_SPAN)
@@ -127,19 +136,31 @@ if triton is not None:
         )
 
     @triton.jit
-    def _warp_append(v, c, t, tcol, length, lists, room, CUT: tl.constexpr):
+    def _warp_append(v, c, t, tcol, length, lists, room, hist, CUT: tl.constexpr, HIST: tl.constexpr):
         """The filtering pass's step on NVIDIA (inline PTX): each key of ``v`` (float32 bits,
         columns ``c``) not below ``t`` (and, with ``CUT``, not equal to it at a column past
         ``tcol``, a scalar) goes to its warp's list at ``lists`` (int64 slots: value bits low, column
         high), after the ``length`` (each element: its warp's list length) already there,
-        while the slot is below ``room``; returns the new length. The compare, ranks, 8-byte
-        store and count are one block of PTX: Triton's code for the same unmasked step took
-        9 (4 warps) to 13 (8 warps) more SASS instructions a block under a 32-register cap
-        (64-bit packing and addressing) and, at 8 warps, spilled in the loop (Triton 3.6,
+        while the slot is below ``room``; returns the new length. With ``HIST``, a key past the
+        room adds 1 to its bin of the row's histogram ``hist`` (:func:`_seed_bin`). The compare,
+        ranks, 8-byte store and count are one block of PTX: Triton's code for the same unmasked
+        step took 9 (4 warps) to 13 (8 warps) more SASS instructions a block under a 32-register
+        cap (64-bit packing and addressing) and, at 8 warps, spilled in the loop (Triton 3.6,
         sm_90a). Four elements a thread (one rank a register, as :func:`_warp_ranks`)."""
         # (a constexpr string must reach the asm call as it is, not through a local; without
         # the cut, no column operands: under the filter's 32-register cap they would spill)
-        if CUT:
+        if HIST:
+            if CUT:
+                return tl.inline_asm_elementwise(
+                    _WARP_APPEND_CUT_HIST_ASM,
+                    "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l",
+                    [v, c, length, lists, t, room, tcol + tl.zeros(v.shape, tl.int32), hist], dtype=tl.int32,
+                    is_pure=False, pack=4)
+            else:
+                return tl.inline_asm_elementwise(
+                    _WARP_APPEND_HIST_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r,l,l,l,l",
+                    [v, c, length, lists, t, room, hist], dtype=tl.int32, is_pure=False, pack=4)
+        elif CUT:
             return tl.inline_asm_elementwise(
                 _WARP_APPEND_CUT_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
                 [v, c, length, lists, t, room, tcol + tl.zeros(v.shape, tl.int32)], dtype=tl.int32, is_pure=False,
@@ -150,11 +171,22 @@ if triton is not None:
                 [v, c, length, lists, t, room], dtype=tl.int32, is_pure=False, pack=4)
 
     @triton.jit
-    def _shared_append(v, c, t, tcol, ctr, lists, room, CUT: tl.constexpr):
+    def _shared_append(v, c, t, tcol, ctr, lists, room, hist, CUT: tl.constexpr, HIST: tl.constexpr):
         """:func:`_warp_append` into one list a row shared by several programs (a long row
         split into slices): slots from the row's counter ``ctr`` (one atomic add a warp with
         keys to place), in no particular order. NVIDIA only (inline PTX)."""
-        if CUT:
+        if HIST:
+            if CUT:
+                return tl.inline_asm_elementwise(
+                    _SHARED_APPEND_CUT_HIST_ASM,
+                    "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l",
+                    [v, c, ctr, lists, t, room, tcol + tl.zeros(v.shape, tl.int32), hist], dtype=tl.int32,
+                    is_pure=False, pack=4)
+            else:
+                return tl.inline_asm_elementwise(
+                    _SHARED_APPEND_HIST_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,l,l,l,l",
+                    [v, c, ctr, lists, t, room, hist], dtype=tl.int32, is_pure=False, pack=4)
+        elif CUT:
             return tl.inline_asm_elementwise(
                 _SHARED_APPEND_CUT_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
                 [v, c, ctr, lists, t, room, tcol + tl.zeros(v.shape, tl.int32)], dtype=tl.int32, is_pure=False,
@@ -163,6 +195,19 @@ if triton is not None:
             return tl.inline_asm_elementwise(
                 _SHARED_APPEND_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r",
                 [v, c, ctr, lists, t, room], dtype=tl.int32, is_pure=False, pack=4)
+
+    @triton.jit
+    def _key_block(key):
+        # the block of SEED_SHIFT-bit low bits a signed key (_skey) lies in, on its unsigned
+        # form: 0 .. 2**(32 - SEED_SHIFT) - 1
+        return ((key ^ -2147483648) >> _SEED_SHIFT) & _SEED_BLOCKS
+
+    @triton.jit
+    def _seed_bin(v, origin):
+        # the bin of the filter's histogram (fallback_seed) of float32 keys v: their key's
+        # block less the threshold's block `origin`, clamped to 0 .. SEED_BINS - 1 (as the
+        # PTX step's, ptx._overflow_ptx)
+        return tl.minimum(tl.maximum(_key_block(_skey(v)) - origin, 0), _SEED_BINS - 1)
 
     @triton.jit
     def _write_out(obase, sel, value, wpos_ptr, taken, WB: tl.constexpr):
@@ -451,25 +496,29 @@ if triton is not None:
         return ~(v < tf) & ~((v == tf) & (c > tcol))
 
     @triton.jit
-    def _filter_block(v, c, hi, tf, tcol, lists, acc, ctr, WCAP: tl.constexpr, BALLOT: tl.constexpr,
-                      MASKED: tl.constexpr, SHARED: tl.constexpr, CUT: tl.constexpr):
+    def _filter_block(v, c, hi, tf, tcol, lists, acc, ctr, hist, origin, WCAP: tl.constexpr, BALLOT: tl.constexpr,
+                      MASKED: tl.constexpr, SHARED: tl.constexpr, CUT: tl.constexpr, HIST: tl.constexpr):
         """One block of a filtering pass: its keys ``v`` (columns ``c``) at or above ``tf``
         (a threshold key's float; with ``CUT``, those equal to it only at columns up to
         ``tcol``) appended to their list after the ``acc`` already there; returns the new
         ``acc``. ``BALLOT``: 1-D block, ``acc`` each element's warp's list length; else
         ``[W, BW]`` block, ``acc`` the ``[W]`` lengths. ``SHARED``: one list a row at
         ``lists`` for every program of the row, slots from the counter ``ctr`` (``acc``
-        unused). Without ``MASKED`` every column is below ``hi``."""
+        unused). Without ``MASKED`` every column is below ``hi``. ``HIST``: a key with no room
+        left in its list adds 1 to its bin of the row's histogram ``hist`` (:func:`_seed_bin`
+        from the threshold's key block ``origin``), so that the split fallback can start from
+        the bits it gives (``fallback_seed``)."""
         if BALLOT and not MASKED:
             # (floats travel as their bits: the PTX compares them as f32)
             vb = v.to(tl.int32, bitcast=True)
             tb = (tf + tl.zeros(v.shape, tl.float32)).to(tl.int32, bitcast=True)
             room = tl.full(v.shape, WCAP, tl.int32)
+            hp = hist + tl.zeros(v.shape, tl.int32)
             if SHARED:
-                _shared_append(vb, c, tb, tcol, ctr + tl.zeros(v.shape, tl.int32), lists, room, CUT)
+                _shared_append(vb, c, tb, tcol, ctr + tl.zeros(v.shape, tl.int32), lists, room, hp, CUT, HIST)
                 return acc
             else:
-                return _warp_append(vb, c, tb, tcol, acc, lists, room, CUT)
+                return _warp_append(vb, c, tb, tcol, acc, lists, room, hp, CUT, HIST)
         if CUT:
             sel = _at_or_above(v, c, tf, tcol)
         else:
@@ -486,21 +535,32 @@ if triton is not None:
                 rs = tl.sum(s32, axis=1)
                 pos = (tl.cumsum(rs, axis=0) - rs)[:, None] + tl.cumsum(s32, axis=1) - 1
                 tot = tl.sum(rs, axis=0)
-            pos += tl.atomic_add(ctr, tot)
+            first = tl.atomic_add(ctr, tot)
+            pos += first
+            if HIST:
+                # (a uniform test: only a block running past the room counts keys)
+                if first + tot > WCAP:
+                    tl.atomic_add(hist + _seed_bin(v, origin), 1, mask=sel & (pos >= WCAP), sem="relaxed")
         elif BALLOT:
             rank, cnt = _warp_ranks(s32)
             pos = acc + rank
             acc += cnt
+            if HIST:
+                # (only the masked steps at a row's end come here on NVIDIA)
+                tl.atomic_add(hist + _seed_bin(v, origin), 1, mask=sel & (pos >= WCAP), sem="relaxed")
         else:
             pos = acc[:, None] + tl.cumsum(s32, axis=1) - 1
             acc += tl.sum(s32, axis=1)
+            if HIST:
+                if tl.max(acc, axis=0) > WCAP:
+                    tl.atomic_add(hist + _seed_bin(v, origin), 1, mask=sel & (pos >= WCAP), sem="relaxed")
         tl.store(lists + pos, _pack(c, v), mask=sel & (pos < WCAP))
         return acc
 
     @triton.jit
-    def _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, W: tl.constexpr, BW: tl.constexpr, WCAP: tl.constexpr,
-                     BALLOT: tl.constexpr, DEPTH: tl.constexpr, SHARED: tl.constexpr, CUT: tl.constexpr,
-                     DEAL: tl.constexpr):
+    def _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, hist, W: tl.constexpr, BW: tl.constexpr,
+                     WCAP: tl.constexpr, BALLOT: tl.constexpr, DEPTH: tl.constexpr, SHARED: tl.constexpr,
+                     CUT: tl.constexpr, DEAL: tl.constexpr, HIST: tl.constexpr):
         """One pass over the columns ``[lo, hi)`` of a row: every key at or above the
         threshold ``(t, tcol)`` (:func:`_sample_cut`; ``tcol`` read only with ``CUT``) into a
         list, value bits in the low word, column in the high one. Per-warp lists (``cand + w
@@ -511,9 +571,11 @@ if triton is not None:
         The blocks whose loads all fall inside the range go unmasked (no bound checks or
         fill values: fewer instructions and registers a block); the last few take the
         masked loop. ``DEAL``: the per-warp lists take each block's keys dealt
-        (:func:`_block_cols`)."""
+        (:func:`_block_cols`). ``HIST``: the keys with no room left go to the row's histogram
+        ``hist`` (:func:`_filter_block`)."""
         STEP: tl.constexpr = W * BW
         tf = _key_float(t)
+        origin = _key_block(t)
         wr = tl.arange(0, W)
         if BALLOT:
             off = tl.arange(0, STEP)
@@ -542,12 +604,14 @@ if triton is not None:
             # the next blocks' loads go out before this block's stores
             v, ahead, ahead2, ahead3 = _shift_ahead(base, c0, off, hi, ahead, ahead2, ahead3, STEP, DEPTH, False,
                                                     GROUP, W, DEALT)
-            acc = _filter_block(v, c, hi, tf, tcol, lists, acc, cnt_row, WCAP, BALLOT, False, SHARED, CUT)
+            acc = _filter_block(v, c, hi, tf, tcol, lists, acc, cnt_row, hist, origin, WCAP, BALLOT, False, SHARED, CUT,
+                                HIST)
         for c0 in range(tl.maximum(unmasked_end, lo), hi, STEP):
             c = _block_cols(c0, off, STEP, GROUP, W, DEALT)
             v, ahead, ahead2, ahead3 = _shift_ahead(base, c0, off, hi, ahead, ahead2, ahead3, STEP, DEPTH, True,
                                                     GROUP, W, DEALT)
-            acc = _filter_block(v, c, hi, tf, tcol, lists, acc, cnt_row, WCAP, BALLOT, True, SHARED, CUT)
+            acc = _filter_block(v, c, hi, tf, tcol, lists, acc, cnt_row, hist, origin, WCAP, BALLOT, True, SHARED, CUT,
+                                HIST)
         total = tl.full((), 0, tl.int32)
         if not SHARED:
             tl.store(cnt_row + wid, acc)  # all of a warp's elements agree
@@ -559,21 +623,28 @@ if triton is not None:
         return total
 
     @triton.jit
-    def _filter_range(base, lo, hi, cand, cnt_row, t, tcol, W: tl.constexpr, BW: tl.constexpr, WCAP: tl.constexpr,
-                      BALLOT: tl.constexpr, DEPTH: tl.constexpr, SHARED: tl.constexpr, DEAL: tl.constexpr):
+    def _filter_range(base, lo, hi, cand, cnt_row, t, tcol, hist, W: tl.constexpr, BW: tl.constexpr,
+                      WCAP: tl.constexpr, BALLOT: tl.constexpr, DEPTH: tl.constexpr, SHARED: tl.constexpr,
+                      DEAL: tl.constexpr, HIST: tl.constexpr):
         # the column cut costs instructions a key: only rows whose threshold has one pay them
         if tcol == 2147483647:
-            total = _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, W, BW, WCAP, BALLOT, DEPTH, SHARED, False, DEAL)
+            total = _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, hist, W, BW, WCAP, BALLOT, DEPTH, SHARED, False,
+                                 DEAL, HIST)
         else:
-            total = _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, W, BW, WCAP, BALLOT, DEPTH, SHARED, True, DEAL)
+            total = _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, hist, W, BW, WCAP, BALLOT, DEPTH, SHARED, True,
+                                 DEAL, HIST)
         return total
 
     @triton.jit
-    def _band_pass(base, lo, hi, cand, ctr, t_lo, tc_lo, t_hi, tc_hi, WCAP: tl.constexpr, BLOCK: tl.constexpr):
+    def _band_pass(base, lo, hi, cand, ctr, t_lo, tc_lo, t_hi, tc_hi, hist, WCAP: tl.constexpr, BLOCK: tl.constexpr,
+                   HIST: tl.constexpr):
         """Columns ``[lo, hi)`` of a row: the keys at or above the threshold ``(t_lo, tc_lo)``
         and below ``(t_hi, tc_hi)`` appended to the row's one list ``cand`` (slots from its
-        counter ``ctr``, counting on past ``WCAP``). The retry of a split row, rare: plain
-        Triton, an atomic add a block with keys to place."""
+        counter ``ctr``, counting on past ``WCAP``; with ``HIST`` the keys past it to the
+        row's histogram ``hist`` in bins from ``t_hi``'s, as the first pass's: all in the
+        first bin). The retry of a split row, rare: plain Triton, an atomic add a block with
+        keys to place."""
+        origin = _key_block(t_hi)
         tf_lo = _key_float(t_lo)
         tf_hi = _key_float(t_hi)
         for c0 in range(lo, hi, BLOCK):
@@ -586,11 +657,13 @@ if triton is not None:
             if tot > 0:
                 pos = tl.atomic_add(ctr, tot) + tl.cumsum(s32, axis=0) - 1
                 tl.store(cand + pos, _pack(c, v), mask=sel & (pos < WCAP))
+                if HIST:
+                    tl.atomic_add(hist + _seed_bin(v, origin), 1, mask=sel & (pos >= WCAP), sem="relaxed")
 
     @triton.jit
     def filter_kernel(
         logits_ptr, starts_ptr, lengths_ptr, cand_ptr, cand32_ptr, cnt_ptr, thr_ptr, tcol_ptr, thr2_ptr, out_ptr,
-        ctl_ptr, wpos_ptr, stats_ptr, rows, stride_lm, stride_om, sample_min,
+        ctl_ptr, wpos_ptr, stats_ptr, rows, stride_lm, stride_om, sample_min, hist_ptr,
         K: tl.constexpr,
         W: tl.constexpr,
         BW: tl.constexpr,
@@ -623,6 +696,7 @@ if triton is not None:
         JITTER: tl.constexpr = False,
         DEAL: tl.constexpr = False,
         RETRY_FROM: tl.constexpr = 0,
+        HIST: tl.constexpr = False,
     ):
         """Rows longer than ``WHOLE`` (and at least ``sample_min``): the threshold
         ``(thr[row], tcol[row])`` (:func:`_sample_cut`) and the keys at or above it in lists
@@ -647,7 +721,10 @@ if triton is not None:
         first (the keys above the first are in the list already); with ``RETRY_FROM``, a
         whole row of at least that many keys does not retry (the select then queues it for
         the split fallback). ``DEAL``: a whole row's
-        blocks are dealt to the warps' lists (:func:`_block_cols`)."""
+        blocks are dealt to the warps' lists (:func:`_block_cols`). ``HIST``: the keys a row's
+        lists have no room for go to its histogram at ``hist[row * SEED_BINS:]`` (zeroed by the
+        caller; :func:`_filter_block`), from which the split fallback starts
+        (``fallback_seed``, :func:`_fallback_seed`)."""
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
         STEP: tl.constexpr = W * BW
@@ -666,6 +743,7 @@ if triton is not None:
             if _sampled_row(length, sample_min, WHOLE):
                 base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
                 cand = cand_ptr + row * CAP
+                hist = hist_ptr + row * _SEED_BINS
                 if SL == 1:
                     sidx, smask, s, spread = _row_sample(length, pp, pj, NP, PIECE, SPARSE, JITTER)
                     if PRESAMPLE:
@@ -674,8 +752,8 @@ if triton is not None:
                     else:
                         t, tc = _sample_cut(_sample_keys(base, sidx, smask), sidx,
                                             _run_rank(K, s, length, SIGMAS, PIECE), length, spread, SLACK, LOW_BIT)
-                    total = _filter_range(base, 0, length, cand, cnt_ptr + row * W, t, tc, W, BW, WCAP, BALLOT,
-                                          DEPTH, False, DEAL)
+                    total = _filter_range(base, 0, length, cand, cnt_ptr + row * W, t, tc, hist, W, BW, WCAP, BALLOT,
+                                          DEPTH, False, DEAL, HIST)
                     # too few keys passed (rare): once more, twice as many sigmas deep into
                     # the sample (read again, so that it is not held in registers through the
                     # pass); a row of at least RETRY_FROM keys goes to the split fallback
@@ -691,8 +769,14 @@ if triton is not None:
                             t, tc = _sample_cut(_sample_keys(base, sidx, smask), sidx,
                                                 _run_rank(K, s, length, 2 * SIGMAS, 2 * PIECE), length, spread, SLACK,
                                                 LOW_BIT)
-                        total = _filter_range(base, 0, length, cand, cnt_ptr + row * W, t, tc, W, BW, WCAP, BALLOT,
-                                              DEPTH, False, DEAL)
+                        if HIST:
+                            # a list that overflowed with fewer than K keys in all (more lists
+                            # than K / WCAP) counted keys from the first threshold's bins
+                            hb = tl.arange(0, _SEED_BINS)
+                            tl.store(hist + hb, tl.zeros((_SEED_BINS,), tl.int32))
+                            tl.debug_barrier()
+                        total = _filter_range(base, 0, length, cand, cnt_ptr + row * W, t, tc, hist, W, BW, WCAP,
+                                              BALLOT, DEPTH, False, DEAL, HIST)
                     tl.store(thr_ptr + row, t)
                 else:
                     # slices of whole blocks, so that only a row's last block is masked
@@ -707,11 +791,11 @@ if triton is not None:
                         if (lo < hi) & (tl.load(done) > SL):
                             _band_pass(base, lo, hi, cand, cnt_ptr + row, tl.load(thr2_ptr + row),
                                        tl.load(thr2_ptr + rows + row), tl.load(thr_ptr + row), tl.load(tcol_ptr + row),
-                                       WCAP, STEP)
+                                       hist, WCAP, STEP, HIST)
                     else:
                         if lo < hi:
                             _filter_range(base, lo, hi, cand, cnt_ptr + row, tl.load(thr_ptr + row),
-                                          tl.load(tcol_ptr + row), W, BW, WCAP, BALLOT, DEPTH, True, False)
+                                          tl.load(tcol_ptr + row), hist, W, BW, WCAP, BALLOT, DEPTH, True, False, HIST)
                         if tl.atomic_add(done, 1) == SL - 1:
                             if tl.atomic_add(cnt_ptr + row, 0) < K:
                                 tl.store(done, SL + 1)
@@ -721,8 +805,8 @@ if triton is not None:
                 # one thread stored the threshold; every thread of the select reads it
                 tl.debug_barrier()
                 _select_row(row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr,
-                            wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W, WCAP, STW, WHOLE, CH,
-                            BLOCK, RADIX_BITS, R, True, False, STATS, WB, 0)
+                            wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, hist_ptr, thr_ptr, K, KP, W, WCAP,
+                            STW, WHOLE, CH, BLOCK, RADIX_BITS, R, True, False, STATS, WB, 0)
                 # the next row's candidates and counts are other slots, but the tile's
                 # scratch for reductions is shared: keep the rows apart
                 tl.debug_barrier()
@@ -762,7 +846,7 @@ if triton is not None:
     @triton.jit
     def sample_kernel(
         logits_ptr, starts_ptr, lengths_ptr, thr_ptr, tcol_ptr, thr2_ptr, cnt_ptr, wpos_ptr, ctl_ptr, rows, stride_lm,
-        sample_min,
+        sample_min, hist_ptr,
         K: tl.constexpr,
         NP: tl.constexpr,
         PIECE: tl.constexpr,
@@ -774,6 +858,7 @@ if triton is not None:
         SL: tl.constexpr,
         SECOND: tl.constexpr,
         JITTER: tl.constexpr = False,
+        HIST: tl.constexpr = False,
     ):
         """The filter kernel's threshold ``(thr[row], tcol[row])`` of row ``program_id`` (if
         it filters the row), at its sample's rank (:func:`_run_rank`, :func:`_sample_cut`),
@@ -784,7 +869,9 @@ if triton is not None:
         (:func:`sample_runs`): the same sample, a smaller tile. It also zeroes the counters
         the later launches start from, the row's write counter ``wpos[row]``, with ``SL > 1``
         its list counter ``cnt[row]`` and slices-done counter ``cnt[rows + row]``, and
-        (program 0) ``ctl[0:5]``, so that the call needs no fill launch before it."""
+        (program 0) ``ctl[0:5]``, and with ``HIST`` a filtered row's histogram of the keys its
+        lists will have no room for (``hist[row * SEED_BINS:]``), so that the call needs no
+        fill launch before it."""
         row = tl.program_id(0).to(tl.int64)
         tl.store(wpos_ptr + row, 0)
         if SL > 1:
@@ -795,6 +882,9 @@ if triton is not None:
             tl.store(ctl_ptr + c, tl.zeros((8,), tl.int32), mask=c < 5)
         length = tl.load(lengths_ptr + row).to(tl.int32)
         if _sampled_row(length, sample_min, WHOLE):
+            if HIST:
+                hb = tl.arange(0, _SEED_BINS)
+                tl.store(hist_ptr + row * _SEED_BINS + hb, tl.zeros((_SEED_BINS,), tl.int32))
             base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
             si = tl.arange(0, NP * PIECE)
             sidx, smask, s, spread = _row_sample(length, si // PIECE, si % PIECE, NP, PIECE, SPARSE, JITTER)
@@ -820,16 +910,58 @@ if triton is not None:
         tl.store(ctl_ptr + 5 + tl.atomic_add(ctl_ptr + 1, 1), row.to(tl.int32))
 
     @triton.jit
-    def _queue_fallback(row, cand32_ptr, ctl_ptr, REGION: tl.constexpr):
-        # queue a row for fallback_kernel (ctl[3] rows queued, at ctl[5 + rows:]) and zero
-        # its state (digit histograms, counts, digits found), kept in the row's candidate slots
-        # (a fallback row's lists are never read again)
+    def _queue_fallback(row, cand32_ptr, ctl_ptr, prefix, pmask, need, filled, REGION: tl.constexpr):
+        # queue a row for fallback_kernel (ctl[3] rows queued, at ctl[5 + rows:]) and set its
+        # state, kept in the row's candidate slots (a fallback row's lists are never read
+        # again): zero digit histograms and counts, the bits of the k-th key known (`prefix`
+        # under `pmask`), the keys still needed among the keys matching them, and the pass
+        # filling the buffer + 1 (0: none yet)
         rows = tl.num_programs(0)
         tl.store(ctl_ptr + 5 + rows + tl.atomic_add(ctl_ptr + 3, 1), row.to(tl.int32))
         z = tl.arange(0, _FB_ZERO_TILE)
         # (the key bounds start apart: the first pass's atomics bring them together)
         init = tl.where(z == _FB_KMAX, -2147483648, tl.where(z == _FB_KMIN, 2147483647, 0))
+        init = tl.where(z == _FB_PREFIX, prefix, tl.where(z == _FB_PMASK, pmask, init))
+        init = tl.where(z == _FB_NEED, need, tl.where(z == _FB_FILLED, filled, init))
         tl.store(cand32_ptr + row * REGION + z, init, mask=z < _FB_ZEROED)
+
+    @triton.jit
+    def _fallback_seed(row, cand32_ptr, cnt_ptr, hist_ptr, t1, K: tl.constexpr, W: tl.constexpr, WCAP: tl.constexpr,
+                       SBUF: tl.constexpr):
+        """Where a filtered row's lists overflowed, the bits of its k-th key that the filter's
+        histogram gives (``fallback_seed``): the keys its lists had no room for were counted
+        there (``hist_ptr[row * SEED_BINS:]``, bins of :func:`_seed_bin` from the threshold
+        ``t1``'s key block), the listed ones are counted here, and the highest bin whose keys
+        and those above reach ``K`` holds the k-th key. A bin past the first (whose block the
+        threshold cuts) and before the last (which holds every key past it) is a block of keys
+        sharing their top ``32 - SEED_SHIFT`` bits, all of which passed: returns ``(prefix,
+        pmask, need, filled, seeded)`` for :func:`_queue_fallback`, ``filled`` 1 (the first
+        pass fills the buffer) where the bin holds at most ``SBUF`` keys; otherwise nothing
+        known (the first digit from the top)."""
+        CAP: tl.constexpr = W * WCAP
+        SC: tl.constexpr = 512
+        bins = tl.arange(0, _SEED_BINS)
+        origin = _key_block(t1)
+        h = tl.load(hist_ptr + row * _SEED_BINS + bins, volatile=True)
+        for c0 in range(0, CAP, SC):
+            i = c0 + tl.arange(0, SC)
+            listed = tl.minimum(tl.load(cnt_ptr + row * W + i // WCAP, mask=i < CAP, other=0), WCAP)
+            ok = (i < CAP) & (i % WCAP < listed)
+            v = tl.load(cand32_ptr + 2 * (row * CAP + i), mask=ok, other=0)
+            h += tl.histogram(_seed_bin(v.to(tl.float32, bitcast=True), origin), _SEED_BINS, mask=ok)
+        # keys in the bins from each bin up
+        reach = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h
+        b = tl.max(tl.where(reach >= K, bins, -1), axis=0)
+        inbin = tl.sum(tl.where(bins == b, h, 0), axis=0)
+        above = tl.sum(tl.where(bins > b, h, 0), axis=0)
+        seeded = (b > 0) & (b < _SEED_BINS - 1)
+        prefix = tl.where(seeded, (origin + b) << _SEED_SHIFT, 0)
+        pmask = tl.where(seeded, _SEED_PMASK, 0)
+        need = tl.where(seeded, K - above, K)
+        filled = tl.where(seeded & (inbin <= SBUF), 1, 0)
+        # every thread's loads of the lists before the state is stored over them
+        tl.debug_barrier()
+        return prefix, pmask, need, filled, seeded
 
     @triton.jit
     def _lead_zeros(x):
@@ -858,7 +990,7 @@ if triton is not None:
         return free - width, (1 << width) - 1
 
     @triton.jit
-    def _fallback_next(reg, p, K: tl.constexpr, BUF: tl.constexpr):
+    def _fallback_next(reg, p, BUF: tl.constexpr):
         """Run once a fallback row's pass ``p`` is done, by the program of its last item: after
         a digit pass (``p < 7``, the buffer not chosen, bits left to find), the next digit of
         the row's k-th largest key (on the key's unsigned form: sign bit flipped; five bits
@@ -873,18 +1005,20 @@ if triton is not None:
         a row whose keys there are all one key has all 32 (it is the k-th: the digit passes
         left do nothing, and a row tied at its k-th key reads its keys three times, not
         nine). With ``BUF``, where bits are left and the bin holds at most ``BUF`` keys, pass
-        ``p + 1`` is to move them to the buffer (``reg[_FB_FILLED]``). The histogram and
+        ``p + 1`` is to move them to the buffer (``reg[_FB_FILLED]`` holds that pass + 1; a row
+        queued with bits known from the filter may start there, :func:`_fallback_seed`). The histogram and
         bounds were added to by other programs' atomics: they are read past the L1 cache.
         Returns the pass to run next: ``p + 1``; 7 where every bit is found before the last
         digit pass (the digit passes between do nothing); 9 (none) once the row is finished
         from the buffer."""
         filled = tl.load(reg + _FB_FILLED, volatile=True)
         pmask = tl.load(reg + _FB_PMASK, volatile=True)
-        nxt = tl.where((filled > 0) & (p > filled), 9, p + 1)
+        # (past the pass finishing from the buffer, `filled`: none left)
+        nxt = tl.where((filled > 0) & (p >= filled), 9, p + 1)
         if (p < 7) & (filled == 0) & (pmask != -1):
             bins = tl.arange(0, 32)
             hist = tl.load(reg + 32 * p + bins, volatile=True)
-            need = tl.where(p == 0, K, tl.load(reg + _FB_NEED, volatile=True))
+            need = tl.load(reg + _FB_NEED, volatile=True)
             b, rest = _top_bin(hist, bins, need)
             shift, dmask = _digit_place(pmask)
             prefix = tl.load(reg + _FB_PREFIX, volatile=True) | (b << shift)
@@ -907,7 +1041,7 @@ if triton is not None:
             prefix = (lo ^ -2147483648) & pmask
             # (never taken without a buffer)
             if (pmask != -1) & (inbin <= BUF):
-                tl.store(reg + _FB_FILLED, p + 1)
+                tl.store(reg + _FB_FILLED, p + 2)
             tl.store(reg + _FB_PREFIX, prefix)
             tl.store(reg + _FB_PMASK, pmask)
             tl.store(reg + _FB_NEED, rest)
@@ -1043,12 +1177,12 @@ if triton is not None:
         filled = tl.full((), 0, tl.int32)
         if BUF > 0:
             filled = tl.load(reg + _FB_FILLED, volatile=True)
-        if (filled > 0) & (p >= filled):
+        if (filled > 0) & (p >= filled - 1):
             if BUF > 0:
-                if p == filled:
+                if p == filled - 1:
                     _fallback_fill(base, obase, lo, hi, mis, length, reg, wpos_ptr, buf, prefix, pmask, BLOCK, BUF,
                                    AHEAD, WB)
-                elif (p == filled + 1) & (s == 0):
+                elif (p == filled) & (s == 0):
                     # the row finished from the buffer, once; the passes after do nothing
                     _fallback_finish(obase, reg, wpos_ptr, buf, prefix, pmask, tl.load(reg + _FB_NEED, volatile=True),
                                      BUF)
@@ -1203,7 +1337,7 @@ if triton is not None:
                 # the passes with nothing to do (their items skip, counted here for them)
                 tl.debug_barrier()
                 if tl.atomic_add(reg + _FB_DONE, 1, sem="acq_rel") == (p + 1) * ns - 1:
-                    nxt = _fallback_next(reg, p, K, BUF)
+                    nxt = _fallback_next(reg, p, BUF)
                     if (nxt == 7) & (p < 6):
                         tl.atomic_add(reg + _FB_DONE, (6 - p) * ns, sem="relaxed")
                     tl.debug_barrier()
@@ -1213,7 +1347,7 @@ if triton is not None:
     @triton.jit
     def _select_row(
         row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr,
-        stride_lm, stride_om, sample_min,
+        stride_lm, stride_om, sample_min, hist_ptr, thr1_ptr,
         K: tl.constexpr,
         KP: tl.constexpr,
         W: tl.constexpr,
@@ -1229,6 +1363,9 @@ if triton is not None:
         STATS: tl.constexpr,
         WB: tl.constexpr,
         PSPLIT: tl.constexpr,
+        SEED: tl.constexpr = False,
+        SBUF: tl.constexpr = 0,
+        SEEDSTAT: tl.constexpr = False,
     ):
         """The top k of one row (its candidates filtered already, if it is longer than
         ``WHOLE``) with a tile of ``STW`` slots a list. A first launch (``FIRST``) queues
@@ -1236,7 +1373,10 @@ if triton is not None:
         tile as large as the lists; without ``PLAIN`` it leaves the fallback path's rows and
         rows tied at the k-th key to that launch too (for the fused filter kernel's
         registers). ``PSPLIT > 0`` (a first launch of one program a row only): fallback rows of
-        at least ``PSPLIT`` keys are queued for :func:`fallback_kernel` instead."""
+        at least ``PSPLIT`` keys are queued for :func:`fallback_kernel` instead; with ``SEED``,
+        those whose lists overflowed start from the filter's histogram (:func:`_fallback_seed`,
+        the first threshold at ``thr1``, a buffer of ``SBUF`` keys; ``SEEDSTAT``: counted in
+        ``stats[6]``)."""
         base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
         obase = out_ptr + row * stride_om
         CAP: tl.constexpr = W * WCAP
@@ -1251,6 +1391,7 @@ if triton is not None:
             whole = length <= WHOLE
             # 0: select on the tile, 1: fallback path, 2: a later launch
             path = tl.full((), 0, tl.int32)
+            longest = tl.full((), 0, tl.int32)
             if whole:
                 keys = tl.where(idx < length, _skey(tl.load(base + idx, mask=idx < length, other=0.0)), -2147483648)
                 lo = tl.min(tl.where(idx < length, keys, 2147483647), axis=0)
@@ -1328,7 +1469,17 @@ if triton is not None:
                     if PSPLIT > 0:
                         split = length >= PSPLIT
                     if split:
-                        _queue_fallback(row, cand32_ptr, ctl_ptr, 2 * CAP)
+                        prefix = tl.full((), 0, tl.int32)
+                        pmask = tl.full((), 0, tl.int32)
+                        need = tl.full((), K, tl.int32)
+                        filled = tl.full((), 0, tl.int32)
+                        if SEED:
+                            if (length >= sample_min) & (longest > WCAP):
+                                prefix, pmask, need, filled, seeded = _fallback_seed(
+                                    row, cand32_ptr, cnt_ptr, hist_ptr, tl.load(thr1_ptr + row), K, W, WCAP, SBUF)
+                                if SEEDSTAT:
+                                    tl.atomic_add(stats_ptr + 6, seeded.to(tl.int32))
+                        _queue_fallback(row, cand32_ptr, ctl_ptr, prefix, pmask, need, filled, 2 * CAP)
                     else:
                         kth, need = _kth_largest(base, length, K, BLOCK, RADIX_BITS, R)
                         _emit(base, length, kth, need, obase, BLOCK)
@@ -1338,7 +1489,7 @@ if triton is not None:
     @triton.jit
     def select_kernel(
         logits_ptr, starts_ptr, lengths_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr,
-        stride_lm, stride_om, sample_min,
+        stride_lm, stride_om, sample_min, hist_ptr, thr1_ptr,
         K: tl.constexpr,
         KP: tl.constexpr,
         W: tl.constexpr,
@@ -1353,6 +1504,9 @@ if triton is not None:
         STATS: tl.constexpr,
         WB: tl.constexpr,
         PSPLIT: tl.constexpr,
+        SEED: tl.constexpr = False,
+        SBUF: tl.constexpr = 0,
+        SEEDSTAT: tl.constexpr = False,
     ):
         """``FIRST``: one row a program, every row. Otherwise the rows a first launch queued
         (``ctl[1]`` of them at ``ctl[5:]``): program ``p`` takes entry ``p``, then pulls
@@ -1362,16 +1516,17 @@ if triton is not None:
         # two call sites: the first launch as a one-row loop took 31 more registers (ptxas, sm_90a)
         if FIRST:
             _select_row(pid.to(tl.int64), tl.load(lengths_ptr + pid).to(tl.int32), logits_ptr, starts_ptr, out_ptr,
-                        cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, K,
-                        KP, W, WCAP, STW, WHOLE, CH, BLOCK, RADIX_BITS, R, True, True, STATS, WB, PSPLIT)
+                        cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min,
+                        hist_ptr, thr1_ptr, K, KP, W, WCAP, STW, WHOLE, CH, BLOCK, RADIX_BITS, R, True, True, STATS, WB,
+                        PSPLIT, SEED, SBUF, SEEDSTAT)
         else:
             queued = tl.load(ctl_ptr + 1)
             i = pid
             while i < queued:
                 row = tl.load(ctl_ptr + 5 + i).to(tl.int64)
                 _select_row(row, tl.load(lengths_ptr + row).to(tl.int32), logits_ptr, starts_ptr, out_ptr, cand32_ptr,
-                            cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, K, KP, W,
-                            WCAP, STW, WHOLE, CH, BLOCK, RADIX_BITS, R, False, True, STATS, WB, 0)
+                            cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, hist_ptr,
+                            thr1_ptr, K, KP, W, WCAP, STW, WHOLE, CH, BLOCK, RADIX_BITS, R, False, True, STATS, WB, 0)
                 i = tl.num_programs(0) + tl.atomic_add(ctl_ptr + 2, 1)
 
 
