@@ -77,15 +77,15 @@ def _compile(fn, signature: dict, kwargs: dict, arch: str):
 _P32, _P64, _I = "*i32", "*i64", "i32"
 _SELECT_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, out_ptr=_P32, cand32_ptr=_P32,
                    cnt_ptr=_P32, thr_ptr=_P32, ctl_ptr=_P32, wpos_ptr=_P32, stats_ptr=_P32, stride_lm=_I,
-                   stride_om=_I, sample_min=_I, hist_ptr=_P32, thr1_ptr=_P32)
+                   stride_om=_I, sample_min=_I, thr1_ptr=_P32)
 _FILTER_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, cand_ptr=_P64, cand32_ptr=_P32,
                    cnt_ptr=_P32, thr_ptr=_P32, tcol_ptr=_P32, thr2_ptr=_P32, out_ptr=_P32, ctl_ptr=_P32,
-                   wpos_ptr=_P32, stats_ptr=_P32, rows=_I, stride_lm=_I, stride_om=_I, sample_min=_I, hist_ptr=_P32)
+                   wpos_ptr=_P32, stats_ptr=_P32, rows=_I, stride_lm=_I, stride_om=_I, sample_min=_I)
 _FALLBACK_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, out_ptr=_P32, cand32_ptr=_P32,
                      ctl_ptr=_P32, wpos_ptr=_P32, stats_ptr=_P32, rows=_I, stride_lm=_I, stride_om=_I)
 _SAMPLE_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, thr_ptr=_P32, tcol_ptr=_P32,
                    thr2_ptr=_P32, cnt_ptr=_P32, wpos_ptr=_P32, ctl_ptr=_P32, rows=_I, stride_lm=_I, sample_min=_I,
-                   hist_ptr=_P32)
+                   cand32_ptr=_P32)
 
 
 def _topk_plan(config, n: int, presample=None, fused=None, slices: int = 1):
