@@ -77,15 +77,15 @@ def _compile(fn, signature: dict, kwargs: dict, arch: str):
 _P32, _P64, _I = "*i32", "*i64", "i32"
 _SELECT_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, out_ptr=_P32, cand32_ptr=_P32,
                    cnt_ptr=_P32, thr_ptr=_P32, ctl_ptr=_P32, wpos_ptr=_P32, stats_ptr=_P32, stride_lm=_I,
-                   stride_om=_I, sample_min=_I, thr1_ptr=_P32)
+                   stride_om=_I, sample_min=_I, hist_ptr=_P32, thr1_ptr=_P32)
 _FILTER_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, cand_ptr=_P64, cand32_ptr=_P32,
                    cnt_ptr=_P32, thr_ptr=_P32, tcol_ptr=_P32, thr2_ptr=_P32, out_ptr=_P32, ctl_ptr=_P32,
-                   wpos_ptr=_P32, stats_ptr=_P32, rows=_I, stride_lm=_I, stride_om=_I, sample_min=_I)
+                   wpos_ptr=_P32, stats_ptr=_P32, rows=_I, stride_lm=_I, stride_om=_I, sample_min=_I, hist_ptr=_P32)
 _FALLBACK_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, out_ptr=_P32, cand32_ptr=_P32,
                      ctl_ptr=_P32, wpos_ptr=_P32, stats_ptr=_P32, rows=_I, stride_lm=_I, stride_om=_I)
 _SAMPLE_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, thr_ptr=_P32, tcol_ptr=_P32,
                    thr2_ptr=_P32, cnt_ptr=_P32, wpos_ptr=_P32, ctl_ptr=_P32, rows=_I, stride_lm=_I, sample_min=_I,
-                   cand32_ptr=_P32)
+                   hist_ptr=_P32)
 
 
 def _topk_plan(config, n: int, presample=None, fused=None, slices: int = 1):
@@ -173,6 +173,14 @@ def _nvidia_topk_kernels(slices: int) -> None:
         _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, AHEAD=ahead), order)
     # 1024-key steps: two ballot sets a thread a step
     _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, BLOCK=1024), order)
+    # fallback_seed: the filter's step counts the keys its lists have no room for (a reduction
+    # to global memory in the PTX step), the sample kernel zeroes the counts, the first select
+    # launch reads them
+    seeded = _topk_plan(dataclasses.replace(TC.CONFIGS["sm90"], fallback_seed=True), 1 << 20, slices=slices)
+    assert seeded[4]["HIST"] and seeded[3]["HIST"] and seeded[6][0][1]["SEED"]
+    _nvidia_compile(TK.filter_kernel, _FILTER_SIG, seeded[4], ptx + ("red.global.add.u32",))
+    _nvidia_compile(TK.sample_kernel, _SAMPLE_SIG, seeded[3], ())
+    _nvidia_compile(TK.select_kernel, _SELECT_SIG, seeded[6][0][1], ())
 
 
 def _logits_kernels(arch: str) -> None:

@@ -16,7 +16,7 @@ import torch
 
 from ...platform import _arch_from_torch
 from .launch import LaunchKw
-from .ptx import SEED_BINS, SEED_SLOTS
+from .ptx import SEED_BINS
 
 #: Shape of the sampled path (see the module docstring): runs of ``PIECE`` keys (64 bytes, a
 #: few sectors), one run every ``SPARSE * PIECE`` keys, so one key in ``SPARSE`` sampled; at
@@ -191,7 +191,8 @@ class TopkConfig:
             listed keys, and the bin holding the k-th key gives its top ``32 -``
             :data:`~.ptx.SEED_SHIFT` bits: the fallback's first pass moves that bin to the
             buffer where it fits, else counts the next digit below them, instead of starting
-            from the top digit.
+            from the top digit. Off by default: the counting costs the filter's pass on every
+            row (H200: 1.6-2.1x the filter kernel's time at 64K-128K keys, docs/topk.md).
     """
 
     num_warps: int = 4
@@ -232,7 +233,7 @@ class TopkConfig:
     fallback_prefetch: int = FALLBACK_PREFETCH
     fallback_ballot: bool | None = None
     fallback_items: int = 0
-    fallback_seed: bool = True
+    fallback_seed: bool = False
 
     def __post_init__(self) -> None:
         for name in ("fused", "tile_write", "dynamic", "ballot_write", "sample_jitter", "filter_deal",
@@ -357,9 +358,9 @@ def default_cap(topk: int) -> int:
 def scratch_bytes_per_row(topk: int) -> int:
     """Bytes of :func:`ragged_topk`'s temporaries a row at the default capacity: the
     candidate lists (value and column a slot), the per-list counts (16 lists at most), the
-    thresholds and column cuts (the first and the retry's), a write counter and two queue
-    entries."""
-    return 8 * default_cap(topk) + 4 * 16 + 28
+    thresholds and column cuts (the first and the retry's), a write counter, two queue
+    entries and the histogram of the keys the lists had no room for."""
+    return 8 * default_cap(topk) + 4 * 16 + 28 + 4 * SEED_BINS
 
 
 def auto_slices(device: torch.device, rows: int, n: int, programs_per_sm: int) -> int:
@@ -482,10 +483,8 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
                                    c.fallback_block, c.fallback_prefetch, fallback_ballot, c.fallback_maxnreg,
                                    c.fallback_items)
                    if not fused else None)
-    # overflowing rows start the split fallback from the filter's histogram of the keys left out,
-    # kept past each list's room (lists of at least twice its slots)
-    seed = c.fallback_seed and fallback_kw is not None and common["WCAP"] >= 2 * SEED_SLOTS
-    common["ROOM"] = common["WCAP"] - (SEED_SLOTS if seed else 0)
+    # overflowing rows start the split fallback from the filter's histogram of the keys left out
+    seed = c.fallback_seed and fallback_kw is not None
     # whole rows too few of whose keys pass go to the split fallback from retry_split keys on
     retry_from = max(c.retry_split, c.fallback_split) if fallback_kw is not None and c.retry_split else 0
     filter_kw = LaunchKw(
@@ -500,7 +499,7 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
         # up to 16 warps, 32 keys a thread at SAMPLE_MAX
         sample_kw = LaunchKw(K=topk, NP=runs, PIECE=piece, SPARSE=c.sparse, SIGMAS=float(c.sigmas),
                              SLACK=float(c.sample_slack), LOW_BIT=c.sample_low_bit, WHOLE=tile, SL=slices,
-                             SECOND=second, JITTER=c.sample_jitter, HIST=seed, CAP=cap, ROOM=common["ROOM"],
+                             SECOND=second, JITTER=c.sample_jitter, HIST=seed,
                              num_warps=max(1, min(16, runs * piece // 1024)))
     # split rows retry in a launch of their own (rows strided over its programs)
     retry_kw = LaunchKw(filter_kw, RETRY=True, DYNAMIC=False) if slices > 1 else None

@@ -136,62 +136,65 @@ if triton is not None:
         )
 
     @triton.jit
-    def _warp_append(v, c, t, tcol, length, lists, room, CUT: tl.constexpr, HIST: tl.constexpr):
+    def _warp_append(v, c, t, tcol, length, lists, room, hist, CUT: tl.constexpr, HIST: tl.constexpr):
         """The filtering pass's step on NVIDIA (inline PTX): each key of ``v`` (float32 bits,
         columns ``c``) not below ``t`` (and, with ``CUT``, not equal to it at a column past
         ``tcol``, a scalar) goes to its warp's list at ``lists`` (int64 slots: value bits low, column
         high), after the ``length`` (each element: its warp's list length) already there,
         while the slot is below ``room``; returns the new length. With ``HIST``, a key past the
-        room adds 1 to its bin of the histogram in the list's slots past the room
-        (:func:`_seed_bin`). The compare, ranks, 8-byte store and count are one block of PTX:
-        Triton's code for the same unmasked step took 9 (4 warps) to 13 (8 warps) more SASS
-        instructions a block under a 32-register cap (64-bit packing and addressing) and, at 8
-        warps, spilled in the loop (Triton 3.6, sm_90a). Four elements a thread (one rank a
-        register, as :func:`_warp_ranks`)."""
+        room adds 1 to its bin of the row's histogram ``hist`` (:func:`_seed_bin`). The compare,
+        ranks, 8-byte store and count are one block of PTX: Triton's code for the same unmasked
+        step took 9 (4 warps) to 13 (8 warps) more SASS instructions a block under a 32-register
+        cap (64-bit packing and addressing) and, at 8 warps, spilled in the loop (Triton 3.6,
+        sm_90a). Four elements a thread (one rank a register, as :func:`_warp_ranks`)."""
         # (a constexpr string must reach the asm call as it is, not through a local; without
         # the cut, no column operands: under the filter's 32-register cap they would spill)
-        if CUT:
-            if HIST:
+        if HIST:
+            if CUT:
                 return tl.inline_asm_elementwise(
-                    _WARP_APPEND_CUT_HIST_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
-                    [v, c, length, lists, t, room, tcol + tl.zeros(v.shape, tl.int32)], dtype=tl.int32, is_pure=False, pack=4)
+                    _WARP_APPEND_CUT_HIST_ASM,
+                    "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l",
+                    [v, c, length, lists, t, room, tcol + tl.zeros(v.shape, tl.int32), hist], dtype=tl.int32,
+                    is_pure=False, pack=4)
             else:
                 return tl.inline_asm_elementwise(
-                    _WARP_APPEND_CUT_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
-                    [v, c, length, lists, t, room, tcol + tl.zeros(v.shape, tl.int32)], dtype=tl.int32, is_pure=False, pack=4)
+                    _WARP_APPEND_HIST_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r,l,l,l,l",
+                    [v, c, length, lists, t, room, hist], dtype=tl.int32, is_pure=False, pack=4)
+        elif CUT:
+            return tl.inline_asm_elementwise(
+                _WARP_APPEND_CUT_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
+                [v, c, length, lists, t, room, tcol + tl.zeros(v.shape, tl.int32)], dtype=tl.int32, is_pure=False,
+                pack=4)
         else:
-            if HIST:
-                return tl.inline_asm_elementwise(
-                    _WARP_APPEND_HIST_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r",
-                    [v, c, length, lists, t, room], dtype=tl.int32, is_pure=False, pack=4)
-            else:
-                return tl.inline_asm_elementwise(
-                    _WARP_APPEND_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r",
-                    [v, c, length, lists, t, room], dtype=tl.int32, is_pure=False, pack=4)
+            return tl.inline_asm_elementwise(
+                _WARP_APPEND_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l,r,r,r,r,r,r,r,r",
+                [v, c, length, lists, t, room], dtype=tl.int32, is_pure=False, pack=4)
 
     @triton.jit
-    def _shared_append(v, c, t, tcol, ctr, lists, room, CUT: tl.constexpr, HIST: tl.constexpr):
+    def _shared_append(v, c, t, tcol, ctr, lists, room, hist, CUT: tl.constexpr, HIST: tl.constexpr):
         """:func:`_warp_append` into one list a row shared by several programs (a long row
         split into slices): slots from the row's counter ``ctr`` (one atomic add a warp with
         keys to place), in no particular order. NVIDIA only (inline PTX)."""
-        if CUT:
-            if HIST:
+        if HIST:
+            if CUT:
                 return tl.inline_asm_elementwise(
-                    _SHARED_APPEND_CUT_HIST_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
-                    [v, c, ctr, lists, t, room, tcol + tl.zeros(v.shape, tl.int32)], dtype=tl.int32, is_pure=False, pack=4)
+                    _SHARED_APPEND_CUT_HIST_ASM,
+                    "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l",
+                    [v, c, ctr, lists, t, room, tcol + tl.zeros(v.shape, tl.int32), hist], dtype=tl.int32,
+                    is_pure=False, pack=4)
             else:
                 return tl.inline_asm_elementwise(
-                    _SHARED_APPEND_CUT_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
-                    [v, c, ctr, lists, t, room, tcol + tl.zeros(v.shape, tl.int32)], dtype=tl.int32, is_pure=False, pack=4)
+                    _SHARED_APPEND_HIST_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,l,l,l,l",
+                    [v, c, ctr, lists, t, room, hist], dtype=tl.int32, is_pure=False, pack=4)
+        elif CUT:
+            return tl.inline_asm_elementwise(
+                _SHARED_APPEND_CUT_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
+                [v, c, ctr, lists, t, room, tcol + tl.zeros(v.shape, tl.int32)], dtype=tl.int32, is_pure=False,
+                pack=4)
         else:
-            if HIST:
-                return tl.inline_asm_elementwise(
-                    _SHARED_APPEND_HIST_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r",
-                    [v, c, ctr, lists, t, room], dtype=tl.int32, is_pure=False, pack=4)
-            else:
-                return tl.inline_asm_elementwise(
-                    _SHARED_APPEND_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r",
-                    [v, c, ctr, lists, t, room], dtype=tl.int32, is_pure=False, pack=4)
+            return tl.inline_asm_elementwise(
+                _SHARED_APPEND_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r",
+                [v, c, ctr, lists, t, room], dtype=tl.int32, is_pure=False, pack=4)
 
     @triton.jit
     def _key_block(key):
@@ -493,7 +496,7 @@ if triton is not None:
         return ~(v < tf) & ~((v == tf) & (c > tcol))
 
     @triton.jit
-    def _filter_block(v, c, hi, tf, tcol, lists, acc, ctr, origin, WCAP: tl.constexpr, BALLOT: tl.constexpr,
+    def _filter_block(v, c, hi, tf, tcol, lists, acc, ctr, hist, origin, WCAP: tl.constexpr, BALLOT: tl.constexpr,
                       MASKED: tl.constexpr, SHARED: tl.constexpr, CUT: tl.constexpr, HIST: tl.constexpr):
         """One block of a filtering pass: its keys ``v`` (columns ``c``) at or above ``tf``
         (a threshold key's float; with ``CUT``, those equal to it only at columns up to
@@ -501,21 +504,21 @@ if triton is not None:
         ``acc``. ``BALLOT``: 1-D block, ``acc`` each element's warp's list length; else
         ``[W, BW]`` block, ``acc`` the ``[W]`` lengths. ``SHARED``: one list a row at
         ``lists`` for every program of the row, slots from the counter ``ctr`` (``acc``
-        unused). Without ``MASKED`` every column is below ``hi``. ``WCAP``: a list's room.
-        ``HIST``: a key with no room left in its list adds 1 to its bin of the histogram in the
-        list's slots past the room (:func:`_seed_bin` from the threshold's key block
-        ``origin``), so that the split fallback can start from the bits it gives
-        (``fallback_seed``)."""
+        unused). Without ``MASKED`` every column is below ``hi``. ``HIST``: a key with no room
+        left in its list adds 1 to its bin of the row's histogram ``hist`` (:func:`_seed_bin`
+        from the threshold's key block ``origin``), so that the split fallback can start from
+        the bits it gives (``fallback_seed``)."""
         if BALLOT and not MASKED:
             # (floats travel as their bits: the PTX compares them as f32)
             vb = v.to(tl.int32, bitcast=True)
             tb = (tf + tl.zeros(v.shape, tl.float32)).to(tl.int32, bitcast=True)
             room = tl.full(v.shape, WCAP, tl.int32)
+            hp = hist + tl.zeros(v.shape, tl.int32)
             if SHARED:
-                _shared_append(vb, c, tb, tcol, ctr + tl.zeros(v.shape, tl.int32), lists, room, CUT, HIST)
+                _shared_append(vb, c, tb, tcol, ctr + tl.zeros(v.shape, tl.int32), lists, room, hp, CUT, HIST)
                 return acc
             else:
-                return _warp_append(vb, c, tb, tcol, acc, lists, room, CUT, HIST)
+                return _warp_append(vb, c, tb, tcol, acc, lists, room, hp, CUT, HIST)
         if CUT:
             sel = _at_or_above(v, c, tf, tcol)
         else:
@@ -523,7 +526,6 @@ if triton is not None:
         if MASKED:
             sel = sel & (c < hi)
         s32 = sel.to(tl.int32)
-        hist = (lists + WCAP).to(tl.pointer_type(tl.int32))
         if SHARED:
             # slots in the row's list: one atomic add a block, positions by a scan
             if BALLOT:
@@ -556,9 +558,9 @@ if triton is not None:
         return acc
 
     @triton.jit
-    def _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, W: tl.constexpr, BW: tl.constexpr,
-                     WCAP: tl.constexpr, ROOM: tl.constexpr, BALLOT: tl.constexpr, DEPTH: tl.constexpr,
-                     SHARED: tl.constexpr, CUT: tl.constexpr, DEAL: tl.constexpr, HIST: tl.constexpr):
+    def _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, hist, W: tl.constexpr, BW: tl.constexpr,
+                     WCAP: tl.constexpr, BALLOT: tl.constexpr, DEPTH: tl.constexpr, SHARED: tl.constexpr,
+                     CUT: tl.constexpr, DEAL: tl.constexpr, HIST: tl.constexpr):
         """One pass over the columns ``[lo, hi)`` of a row: every key at or above the
         threshold ``(t, tcol)`` (:func:`_sample_cut`; ``tcol`` read only with ``CUT``) into a
         list, value bits in the low word, column in the high one. Per-warp lists (``cand + w
@@ -569,9 +571,8 @@ if triton is not None:
         The blocks whose loads all fall inside the range go unmasked (no bound checks or
         fill values: fewer instructions and registers a block); the last few take the
         masked loop. ``DEAL``: the per-warp lists take each block's keys dealt
-        (:func:`_block_cols`). Lists are ``WCAP`` slots apart and hold ``ROOM`` keys; with
-        ``HIST`` the keys with no room left go to the histogram in a list's slots past its room
-        (:func:`_filter_block`)."""
+        (:func:`_block_cols`). ``HIST``: the keys with no room left go to the row's histogram
+        ``hist`` (:func:`_filter_block`)."""
         STEP: tl.constexpr = W * BW
         tf = _key_float(t)
         origin = _key_block(t)
@@ -603,12 +604,14 @@ if triton is not None:
             # the next blocks' loads go out before this block's stores
             v, ahead, ahead2, ahead3 = _shift_ahead(base, c0, off, hi, ahead, ahead2, ahead3, STEP, DEPTH, False,
                                                     GROUP, W, DEALT)
-            acc = _filter_block(v, c, hi, tf, tcol, lists, acc, cnt_row, origin, ROOM, BALLOT, False, SHARED, CUT, HIST)
+            acc = _filter_block(v, c, hi, tf, tcol, lists, acc, cnt_row, hist, origin, WCAP, BALLOT, False, SHARED, CUT,
+                                HIST)
         for c0 in range(tl.maximum(unmasked_end, lo), hi, STEP):
             c = _block_cols(c0, off, STEP, GROUP, W, DEALT)
             v, ahead, ahead2, ahead3 = _shift_ahead(base, c0, off, hi, ahead, ahead2, ahead3, STEP, DEPTH, True,
                                                     GROUP, W, DEALT)
-            acc = _filter_block(v, c, hi, tf, tcol, lists, acc, cnt_row, origin, ROOM, BALLOT, True, SHARED, CUT, HIST)
+            acc = _filter_block(v, c, hi, tf, tcol, lists, acc, cnt_row, hist, origin, WCAP, BALLOT, True, SHARED, CUT,
+                                HIST)
         total = tl.full((), 0, tl.int32)
         if not SHARED:
             tl.store(cnt_row + wid, acc)  # all of a warp's elements agree
@@ -620,29 +623,28 @@ if triton is not None:
         return total
 
     @triton.jit
-    def _filter_range(base, lo, hi, cand, cnt_row, t, tcol, W: tl.constexpr, BW: tl.constexpr,
-                      WCAP: tl.constexpr, ROOM: tl.constexpr, BALLOT: tl.constexpr, DEPTH: tl.constexpr,
-                      SHARED: tl.constexpr, DEAL: tl.constexpr, HIST: tl.constexpr):
+    def _filter_range(base, lo, hi, cand, cnt_row, t, tcol, hist, W: tl.constexpr, BW: tl.constexpr,
+                      WCAP: tl.constexpr, BALLOT: tl.constexpr, DEPTH: tl.constexpr, SHARED: tl.constexpr,
+                      DEAL: tl.constexpr, HIST: tl.constexpr):
         # the column cut costs instructions a key: only rows whose threshold has one pay them
         if tcol == 2147483647:
-            total = _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, W, BW, WCAP, ROOM, BALLOT, DEPTH, SHARED, False,
+            total = _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, hist, W, BW, WCAP, BALLOT, DEPTH, SHARED, False,
                                  DEAL, HIST)
         else:
-            total = _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, W, BW, WCAP, ROOM, BALLOT, DEPTH, SHARED, True,
+            total = _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, hist, W, BW, WCAP, BALLOT, DEPTH, SHARED, True,
                                  DEAL, HIST)
         return total
 
     @triton.jit
-    def _band_pass(base, lo, hi, cand, ctr, t_lo, tc_lo, t_hi, tc_hi, WCAP: tl.constexpr, BLOCK: tl.constexpr,
+    def _band_pass(base, lo, hi, cand, ctr, t_lo, tc_lo, t_hi, tc_hi, hist, WCAP: tl.constexpr, BLOCK: tl.constexpr,
                    HIST: tl.constexpr):
         """Columns ``[lo, hi)`` of a row: the keys at or above the threshold ``(t_lo, tc_lo)``
         and below ``(t_hi, tc_hi)`` appended to the row's one list ``cand`` (slots from its
-        counter ``ctr``, counting on past its room ``WCAP``; with ``HIST`` the keys past it to
-        the histogram past the room in bins from ``t_hi``'s, as the first pass's: all in the
+        counter ``ctr``, counting on past ``WCAP``; with ``HIST`` the keys past it to the
+        row's histogram ``hist`` in bins from ``t_hi``'s, as the first pass's: all in the
         first bin). The retry of a split row, rare: plain Triton, an atomic add a block with
         keys to place."""
         origin = _key_block(t_hi)
-        hist = (cand + WCAP).to(tl.pointer_type(tl.int32))
         tf_lo = _key_float(t_lo)
         tf_hi = _key_float(t_hi)
         for c0 in range(lo, hi, BLOCK):
@@ -659,23 +661,13 @@ if triton is not None:
                     tl.atomic_add(hist + _seed_bin(v, origin), 1, mask=sel & (pos >= WCAP), sem="relaxed")
 
     @triton.jit
-    def _zero_hists(cand32_ptr, row, W: tl.constexpr, WCAP: tl.constexpr, ROOM: tl.constexpr):
-        # zero the histograms past the room of a row's W lists (fallback_seed); every thread's
-        # stores before any key is counted into them
-        i = tl.arange(0, W * _SEED_BINS)
-        tl.store(cand32_ptr + 2 * (row * (W * WCAP) + (i // _SEED_BINS) * WCAP + ROOM) + i % _SEED_BINS,
-                 tl.zeros((W * _SEED_BINS,), tl.int32))
-        tl.debug_barrier()
-
-    @triton.jit
     def filter_kernel(
         logits_ptr, starts_ptr, lengths_ptr, cand_ptr, cand32_ptr, cnt_ptr, thr_ptr, tcol_ptr, thr2_ptr, out_ptr,
-        ctl_ptr, wpos_ptr, stats_ptr, rows, stride_lm, stride_om, sample_min,
+        ctl_ptr, wpos_ptr, stats_ptr, rows, stride_lm, stride_om, sample_min, hist_ptr,
         K: tl.constexpr,
         W: tl.constexpr,
         BW: tl.constexpr,
         WCAP: tl.constexpr,
-        ROOM: tl.constexpr,
         CAP: tl.constexpr,
         SL: tl.constexpr,
         NP: tl.constexpr,
@@ -729,11 +721,10 @@ if triton is not None:
         first (the keys above the first are in the list already); with ``RETRY_FROM``, a
         whole row of at least that many keys does not retry (the select then queues it for
         the split fallback). ``DEAL``: a whole row's
-        blocks are dealt to the warps' lists (:func:`_block_cols`). A list holds ``ROOM`` keys
-        of its ``WCAP`` slots; with ``HIST`` the keys it has no room for go to a histogram in the
-        slots past (:func:`_filter_block`; zeroed here for whole rows, by the sample kernel for
-        split ones), from which the split fallback starts (``fallback_seed``,
-        :func:`_fallback_seed`)."""
+        blocks are dealt to the warps' lists (:func:`_block_cols`). ``HIST``: the keys a row's
+        lists have no room for go to its histogram at ``hist[row * SEED_BINS:]`` (zeroed by the
+        caller; :func:`_filter_block`), from which the split fallback starts
+        (``fallback_seed``, :func:`_fallback_seed`)."""
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
         STEP: tl.constexpr = W * BW
@@ -752,9 +743,8 @@ if triton is not None:
             if _sampled_row(length, sample_min, WHOLE):
                 base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
                 cand = cand_ptr + row * CAP
+                hist = hist_ptr + row * _SEED_BINS
                 if SL == 1:
-                    if HIST:
-                        _zero_hists(cand32_ptr, row, W, WCAP, ROOM)
                     sidx, smask, s, spread = _row_sample(length, pp, pj, NP, PIECE, SPARSE, JITTER)
                     if PRESAMPLE:
                         t = tl.load(thr_ptr + row)
@@ -762,8 +752,8 @@ if triton is not None:
                     else:
                         t, tc = _sample_cut(_sample_keys(base, sidx, smask), sidx,
                                             _run_rank(K, s, length, SIGMAS, PIECE), length, spread, SLACK, LOW_BIT)
-                    total = _filter_range(base, 0, length, cand, cnt_ptr + row * W, t, tc, W, BW, WCAP, ROOM,
-                                          BALLOT, DEPTH, False, DEAL, HIST)
+                    total = _filter_range(base, 0, length, cand, cnt_ptr + row * W, t, tc, hist, W, BW, WCAP, BALLOT,
+                                          DEPTH, False, DEAL, HIST)
                     # too few keys passed (rare): once more, twice as many sigmas deep into
                     # the sample (read again, so that it is not held in registers through the
                     # pass); a row of at least RETRY_FROM keys goes to the split fallback
@@ -781,9 +771,11 @@ if triton is not None:
                                                 LOW_BIT)
                         if HIST:
                             # a list that overflowed with fewer than K keys in all (more lists
-                            # than K / ROOM) counted keys from the first threshold's bins
-                            _zero_hists(cand32_ptr, row, W, WCAP, ROOM)
-                        total = _filter_range(base, 0, length, cand, cnt_ptr + row * W, t, tc, W, BW, WCAP, ROOM,
+                            # than K / WCAP) counted keys from the first threshold's bins
+                            hb = tl.arange(0, _SEED_BINS)
+                            tl.store(hist + hb, tl.zeros((_SEED_BINS,), tl.int32))
+                            tl.debug_barrier()
+                        total = _filter_range(base, 0, length, cand, cnt_ptr + row * W, t, tc, hist, W, BW, WCAP,
                                               BALLOT, DEPTH, False, DEAL, HIST)
                     tl.store(thr_ptr + row, t)
                 else:
@@ -799,11 +791,11 @@ if triton is not None:
                         if (lo < hi) & (tl.load(done) > SL):
                             _band_pass(base, lo, hi, cand, cnt_ptr + row, tl.load(thr2_ptr + row),
                                        tl.load(thr2_ptr + rows + row), tl.load(thr_ptr + row), tl.load(tcol_ptr + row),
-                                       ROOM, STEP, HIST)
+                                       hist, WCAP, STEP, HIST)
                     else:
                         if lo < hi:
                             _filter_range(base, lo, hi, cand, cnt_ptr + row, tl.load(thr_ptr + row),
-                                          tl.load(tcol_ptr + row), W, BW, WCAP, ROOM, BALLOT, DEPTH, True, False, HIST)
+                                          tl.load(tcol_ptr + row), hist, W, BW, WCAP, BALLOT, DEPTH, True, False, HIST)
                         if tl.atomic_add(done, 1) == SL - 1:
                             if tl.atomic_add(cnt_ptr + row, 0) < K:
                                 tl.store(done, SL + 1)
@@ -813,8 +805,8 @@ if triton is not None:
                 # one thread stored the threshold; every thread of the select reads it
                 tl.debug_barrier()
                 _select_row(row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr,
-                            wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, thr_ptr, K, KP, W, WCAP, ROOM, STW,
-                            WHOLE, CH, BLOCK, RADIX_BITS, R, True, False, STATS, WB, 0)
+                            wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, hist_ptr, thr_ptr, K, KP, W, WCAP,
+                            STW, WHOLE, CH, BLOCK, RADIX_BITS, R, True, False, STATS, WB, 0)
                 # the next row's candidates and counts are other slots, but the tile's
                 # scratch for reductions is shared: keep the rows apart
                 tl.debug_barrier()
@@ -854,7 +846,7 @@ if triton is not None:
     @triton.jit
     def sample_kernel(
         logits_ptr, starts_ptr, lengths_ptr, thr_ptr, tcol_ptr, thr2_ptr, cnt_ptr, wpos_ptr, ctl_ptr, rows, stride_lm,
-        sample_min, cand32_ptr,
+        sample_min, hist_ptr,
         K: tl.constexpr,
         NP: tl.constexpr,
         PIECE: tl.constexpr,
@@ -867,8 +859,6 @@ if triton is not None:
         SECOND: tl.constexpr,
         JITTER: tl.constexpr = False,
         HIST: tl.constexpr = False,
-        CAP: tl.constexpr = 0,
-        ROOM: tl.constexpr = 0,
     ):
         """The filter kernel's threshold ``(thr[row], tcol[row])`` of row ``program_id`` (if
         it filters the row), at its sample's rank (:func:`_run_rank`, :func:`_sample_cut`),
@@ -879,9 +869,9 @@ if triton is not None:
         (:func:`sample_runs`): the same sample, a smaller tile. It also zeroes the counters
         the later launches start from, the row's write counter ``wpos[row]``, with ``SL > 1``
         its list counter ``cnt[row]`` and slices-done counter ``cnt[rows + row]``, and
-        (program 0) ``ctl[0:5]``, and with ``HIST`` and ``SL > 1`` a filtered row's histogram of
-        the keys its list (``CAP`` slots) will have no room for (past its ``ROOM``), so that the
-        call needs no fill launch before it."""
+        (program 0) ``ctl[0:5]``, and with ``HIST`` a filtered row's histogram of the keys its
+        lists will have no room for (``hist[row * SEED_BINS:]``), so that the call needs no
+        fill launch before it."""
         row = tl.program_id(0).to(tl.int64)
         tl.store(wpos_ptr + row, 0)
         if SL > 1:
@@ -892,8 +882,9 @@ if triton is not None:
             tl.store(ctl_ptr + c, tl.zeros((8,), tl.int32), mask=c < 5)
         length = tl.load(lengths_ptr + row).to(tl.int32)
         if _sampled_row(length, sample_min, WHOLE):
-            if HIST and SL > 1:
-                _zero_hists(cand32_ptr, row, 1, CAP, ROOM)
+            if HIST:
+                hb = tl.arange(0, _SEED_BINS)
+                tl.store(hist_ptr + row * _SEED_BINS + hb, tl.zeros((_SEED_BINS,), tl.int32))
             base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
             si = tl.arange(0, NP * PIECE)
             sidx, smask, s, spread = _row_sample(length, si // PIECE, si % PIECE, NP, PIECE, SPARSE, JITTER)
@@ -935,28 +926,26 @@ if triton is not None:
         tl.store(cand32_ptr + row * REGION + z, init, mask=z < _FB_ZEROED)
 
     @triton.jit
-    def _fallback_seed(row, cand32_ptr, cnt_ptr, t1, K: tl.constexpr, W: tl.constexpr, WCAP: tl.constexpr,
-                       ROOM: tl.constexpr, SBUF: tl.constexpr):
+    def _fallback_seed(row, cand32_ptr, cnt_ptr, hist_ptr, t1, K: tl.constexpr, W: tl.constexpr, WCAP: tl.constexpr,
+                       SBUF: tl.constexpr):
         """Where a filtered row's lists overflowed, the bits of its k-th key that the filter's
-        histograms give (``fallback_seed``): the keys its ``W`` lists (``WCAP`` slots apart,
-        ``ROOM`` keys each) had no room for were counted in the slots past the room (bins of
-        :func:`_seed_bin` from the threshold ``t1``'s key block), the listed ones are counted
-        here, and the highest bin whose keys and those above reach ``K`` holds the k-th key. A
-        bin past the first (whose block the threshold cuts) and before the last (which holds
-        every key past it) is a block of keys sharing their top ``32 - SEED_SHIFT`` bits, all of
-        which passed: returns ``(prefix, pmask, need, filled, seeded)`` for
-        :func:`_queue_fallback`, ``filled`` 1 (the first pass fills the buffer) where the bin
-        holds at most ``SBUF`` keys; otherwise nothing known (the first digit from the top)."""
+        histogram gives (``fallback_seed``): the keys its lists had no room for were counted
+        there (``hist_ptr[row * SEED_BINS:]``, bins of :func:`_seed_bin` from the threshold
+        ``t1``'s key block), the listed ones are counted here, and the highest bin whose keys
+        and those above reach ``K`` holds the k-th key. A bin past the first (whose block the
+        threshold cuts) and before the last (which holds every key past it) is a block of keys
+        sharing their top ``32 - SEED_SHIFT`` bits, all of which passed: returns ``(prefix,
+        pmask, need, filled, seeded)`` for :func:`_queue_fallback`, ``filled`` 1 (the first
+        pass fills the buffer) where the bin holds at most ``SBUF`` keys; otherwise nothing
+        known (the first digit from the top)."""
         CAP: tl.constexpr = W * WCAP
         SC: tl.constexpr = 512
         bins = tl.arange(0, _SEED_BINS)
         origin = _key_block(t1)
-        h = tl.zeros((_SEED_BINS,), tl.int32)
-        for w in tl.static_range(W):
-            h += tl.load(cand32_ptr + 2 * (row * CAP + w * WCAP + ROOM) + bins, volatile=True)
+        h = tl.load(hist_ptr + row * _SEED_BINS + bins, volatile=True)
         for c0 in range(0, CAP, SC):
             i = c0 + tl.arange(0, SC)
-            listed = tl.minimum(tl.load(cnt_ptr + row * W + i // WCAP, mask=i < CAP, other=0), ROOM)
+            listed = tl.minimum(tl.load(cnt_ptr + row * W + i // WCAP, mask=i < CAP, other=0), WCAP)
             ok = (i < CAP) & (i % WCAP < listed)
             v = tl.load(cand32_ptr + 2 * (row * CAP + i), mask=ok, other=0)
             h += tl.histogram(_seed_bin(v.to(tl.float32, bitcast=True), origin), _SEED_BINS, mask=ok)
@@ -1358,12 +1347,11 @@ if triton is not None:
     @triton.jit
     def _select_row(
         row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr,
-        stride_lm, stride_om, sample_min, thr1_ptr,
+        stride_lm, stride_om, sample_min, hist_ptr, thr1_ptr,
         K: tl.constexpr,
         KP: tl.constexpr,
         W: tl.constexpr,
         WCAP: tl.constexpr,
-        ROOM: tl.constexpr,
         STW: tl.constexpr,
         WHOLE: tl.constexpr,
         CH: tl.constexpr,
@@ -1412,7 +1400,7 @@ if triton is not None:
                 cnt = tl.load(cnt_ptr + row * W + tl.arange(0, W))
                 longest = tl.max(cnt, axis=0)
                 total = tl.sum(cnt, axis=0)
-                path = ((length < sample_min) | (total < K) | (longest > ROOM)).to(tl.int32)
+                path = ((length < sample_min) | (total < K) | (longest > WCAP)).to(tl.int32)
                 path = tl.where((path == 0) & (longest > STW), 2, path)
                 valid = idx % STW < tl.where(path == 0, tl.load(cnt_ptr + row * W + idx // STW), 0)
                 v = tl.load(_slot(cand32_ptr, row, idx, CAP, WCAP, STW), mask=valid, other=0)
@@ -1486,9 +1474,9 @@ if triton is not None:
                         need = tl.full((), K, tl.int32)
                         filled = tl.full((), 0, tl.int32)
                         if SEED:
-                            if (length >= sample_min) & (longest > ROOM):
+                            if (length >= sample_min) & (longest > WCAP):
                                 prefix, pmask, need, filled, seeded = _fallback_seed(
-                                    row, cand32_ptr, cnt_ptr, tl.load(thr1_ptr + row), K, W, WCAP, ROOM, SBUF)
+                                    row, cand32_ptr, cnt_ptr, hist_ptr, tl.load(thr1_ptr + row), K, W, WCAP, SBUF)
                                 if SEEDSTAT:
                                     tl.atomic_add(stats_ptr + 6, seeded.to(tl.int32))
                         _queue_fallback(row, cand32_ptr, ctl_ptr, prefix, pmask, need, filled, 2 * CAP)
@@ -1501,12 +1489,11 @@ if triton is not None:
     @triton.jit
     def select_kernel(
         logits_ptr, starts_ptr, lengths_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr,
-        stride_lm, stride_om, sample_min, thr1_ptr,
+        stride_lm, stride_om, sample_min, hist_ptr, thr1_ptr,
         K: tl.constexpr,
         KP: tl.constexpr,
         W: tl.constexpr,
         WCAP: tl.constexpr,
-        ROOM: tl.constexpr,
         STW: tl.constexpr,
         WHOLE: tl.constexpr,
         CH: tl.constexpr,
@@ -1530,7 +1517,7 @@ if triton is not None:
         if FIRST:
             _select_row(pid.to(tl.int64), tl.load(lengths_ptr + pid).to(tl.int32), logits_ptr, starts_ptr, out_ptr,
                         cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min,
-                        thr1_ptr, K, KP, W, WCAP, ROOM, STW, WHOLE, CH, BLOCK, RADIX_BITS, R, True, True, STATS, WB,
+                        hist_ptr, thr1_ptr, K, KP, W, WCAP, STW, WHOLE, CH, BLOCK, RADIX_BITS, R, True, True, STATS, WB,
                         PSPLIT, SEED, SBUF, SEEDSTAT)
         else:
             queued = tl.load(ctl_ptr + 1)
@@ -1538,8 +1525,8 @@ if triton is not None:
             while i < queued:
                 row = tl.load(ctl_ptr + 5 + i).to(tl.int64)
                 _select_row(row, tl.load(lengths_ptr + row).to(tl.int32), logits_ptr, starts_ptr, out_ptr, cand32_ptr,
-                            cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, thr1_ptr,
-                            K, KP, W, WCAP, ROOM, STW, WHOLE, CH, BLOCK, RADIX_BITS, R, False, True, STATS, WB, 0)
+                            cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, hist_ptr,
+                            thr1_ptr, K, KP, W, WCAP, STW, WHOLE, CH, BLOCK, RADIX_BITS, R, False, True, STATS, WB, 0)
                 i = tl.num_programs(0) + tl.atomic_add(ctl_ptr + 2, 1)
 
 

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 #: The filter's histogram of the keys its lists had no room for (``fallback_seed``): bins of
 #: ``2**SEED_SHIFT`` keys (1/32 of a binade) from the threshold's, ``SEED_BINS`` of them (four
-#: binades; the keys past them in the last bin), int32 counts in a list's last
-#: ``SEED_SLOTS`` slots (each list's own: no operand more in the filter's step).
+#: binades; the keys past them in the last bin).
 SEED_SHIFT, SEED_BINS = 18, 128
-SEED_SLOTS = SEED_BINS // 2
 
 
 def _ballot_ranks_ptx(first: int, threshold: int | None = None, cols: int | None = None) -> str:
@@ -88,23 +86,22 @@ def _ukey_block_ptx(src: str, dst: str) -> str:
             f"xor.b32 {dst}, {dst}, 0x80000000;\nshr.u32 {dst}, {dst}, {SEED_SHIFT};\n")
 
 
-def _overflow_ptx(slot0: str, threshold: int) -> str:
+def _overflow_ptx(slot0: str, threshold: int, hist: int) -> str:
     """PTX after an append's stores: where the warp's slots ran past the room ``$24`` (its
     last slot is ``t - 1`` past ``slot0``; a warp-uniform branch, so an append that fits
     pays two instructions), each selected key of ``$4``-``$7`` left out of the list (slot
-    ``q{j}`` at or past the room) adds 1 to its bin of the histogram in the list's slots past
-    the room (at ``$16 + 8 * $24``, int32 bins): ``(u >> SEED_SHIFT) - (ut >> SEED_SHIFT)``
-    clamped to ``0 .. SEED_BINS - 1``, ``u`` and ``ut`` the unsigned keys of the key and of
-    the threshold ``$threshold``. The split fallback starts from that histogram
-    (``fallback_seed``)."""
+    ``q{j}`` at or past the room) adds 1 to its bin of the row's histogram at ``$hist``:
+    ``(u >> SEED_SHIFT) - (ut >> SEED_SHIFT)`` clamped to ``0 .. SEED_BINS - 1``, ``u`` and
+    ``ut`` the unsigned keys of the key and of the threshold ``$threshold``. The split
+    fallback starts from that histogram (``fallback_seed``)."""
     body = "".join(
         f"setp.ge.and.s32 s, q{j}, $24, p{j};\n@!s bra NO{j};\n" + _ukey_block_ptx(f"${4 + j}", "k")
         + f"sub.s32 k, k, o;\nmax.s32 k, k, 0;\nmin.s32 k, k, {SEED_BINS - 1};\n"
-        f"mul.wide.s32 a, k, 4;\nadd.s64 a, a, h;\nred.global.add.u32 [a], 1;\nNO{j}:\n"
+        f"mul.wide.s32 a, k, 4;\nadd.s64 a, a, ${hist};\nred.global.add.u32 [a], 1;\nNO{j}:\n"
         for j in range(4))
-    return (".reg .b32 k, m, o, e;\n.reg .pred z;\n.reg .b64 h;\n"
+    return (".reg .b32 k, m, o, e;\n.reg .pred z;\n"
             f"add.s32 e, {slot0}, t;\nsetp.gt.s32 s, e, $24;\n@!s bra.uni FIT;\n"
-            "mad.wide.s32 h, $24, 8, $16;\n" + _ukey_block_ptx(f"${threshold}", "o") + body + "FIT:\n")
+            + _ukey_block_ptx(f"${threshold}", "o") + body + "FIT:\n")
 
 
 def _warp_append_ptx(cut: bool, hist: bool = False) -> str:
@@ -112,10 +109,10 @@ def _warp_append_ptx(cut: bool, hist: bool = False) -> str:
     not equal to it past the column cut ``$28``) go, with their columns ``$8``-``$11``, to
     the warp's list ``$16`` at ``$12`` (its length) plus their rank, while below ``$24`` (its
     room); the new length to ``$0``-``$3``. With ``hist``, the keys past the room go to the
-    histogram past it (:func:`_overflow_ptx`). The outputs are written
+    row's histogram at the last operand (:func:`_overflow_ptx`). The outputs are written
     last: the compiler may give an output an input's register (``$1`` was ``$12``'s, so a
     version writing them one by one from ``$12`` stored every list's length wrong)."""
-    over = _overflow_ptx("$12", 20) if hist else ""
+    over = _overflow_ptx("$12", 20, 32 if cut else 28) if hist else ""
     return ("{\n" + _ballot_ranks_ptx(4, threshold=20, cols=8 if cut else None)
             + ".reg .pred s;\n.reg .b64 a;\n"
             + "".join(f"add.s32 q{j}, q{j}, $12;\nsetp.lt.and.s32 s, q{j}, $24, p{j};\n"
@@ -131,9 +128,9 @@ def _shared_append_ptx(cut: bool, hist: bool = False) -> str:
     :func:`_warp_append_ptx`), with their columns ``$8``-``$11``, go to the row's one list
     ``$16`` at slots taken from its counter ``[$12]`` by one atomic add a warp (lane 0's,
     shuffled to the others), while below ``$24``; the counter counts on past the room. With
-    ``hist``, the keys past the room go to the histogram past it (:func:`_overflow_ptx`). The
-    outputs are placeholders."""
-    over = _overflow_ptx("base", 20) if hist else ""
+    ``hist``, the keys past the room go to the row's histogram at the last operand
+    (:func:`_overflow_ptx`). The outputs are placeholders."""
+    over = _overflow_ptx("base", 20, 32 if cut else 28) if hist else ""
     return ("{\n" + _ballot_ranks_ptx(4, threshold=20, cols=8 if cut else None) + _take_slots_ptx(12)
             + ".reg .pred s;\n"
             + "".join(f"add.s32 q{j}, q{j}, base;\nsetp.lt.and.s32 s, q{j}, $24, p{j};\n"

@@ -63,6 +63,7 @@ from .config import (
 )
 from .kernels import FALLBACK_LAUNCHER, FILTER_LAUNCHER, SAMPLE_LAUNCHER, SELECT_LAUNCHER, triton
 from .launch import At, device_guard
+from .ptx import SEED_BINS
 
 
 def _run_selects(device: torch.device, rows: int, selects: tuple, logits, starts, lengths, out, cand32, counts, thr,
@@ -70,9 +71,9 @@ def _run_selects(device: torch.device, rows: int, selects: tuple, logits, starts
     # one program per row for the first launch, SECOND_PROGRAMS_PER_SM per SM pulling queued
     # rows for the second; wpos: a zeroed int32 write counter a row (a row is written by one
     # launch only)
-    # (no overflow histograms: the first threshold is given, never read)
+    # (no filter histogram: the selects are given the threshold in its place, never read)
     args = (logits, starts, lengths, out, cand32, counts, thr, ctl, wpos, stats, stride_lm, out.stride(0), sample_min,
-            thr)
+            thr, thr)
     for first, kw in selects:
         SELECT_LAUNCHER(_select_grid(device, rows, first), args, kw, device.index, direct)
 
@@ -193,7 +194,8 @@ class RaggedTopk:
         _, num_warps, cap = self.plan[:3]
         # (split rows: a list counter and a slices-done counter a row)
         self.counters = max(num_warps, 2)
-        self.scratch_numel = rows * cap + (rows * (self.counters + 7) + 6) // 2
+        # (int32 slots past the lists: counters, thresholds, ctl, then a histogram a row)
+        self.scratch_numel = rows * cap + (rows * (self.counters + 7 + SEED_BINS) + 7) // 2
         self.buf = None
 
     def bind(self, scratch: torch.Tensor) -> None:
@@ -208,7 +210,8 @@ class RaggedTopk:
         # per-list counts, thresholds, their column cuts, the retry's thresholds and cuts, write
         # counters and ctl: [0] the filter's next row or slice (dynamic), [1] rows queued for the
         # second select launch, [2] its next entry, [3] rows queued for the split fallback,
-        # [4] its next item, [5:5 + rows] the first queue, [5 + rows:] the second. The kernels
+        # [4] its next item, [5:5 + rows] the first queue, [5 + rows:] the second; then the
+        # filter's histogram a row of the keys its lists had no room for. The kernels
         # index rows themselves, so places in the flat buffer do (At: a view only where the JIT
         # launches)
         lists = rows * cap
@@ -222,6 +225,8 @@ class RaggedTopk:
         self.thr2 = At(cand32, at_wpos - 2 * rows, base)
         self.wpos = At(cand32, at_wpos, base)
         self.ctl = At(cand32, at_wpos + rows, base)
+        self.at_hist = at_hist = at_wpos + 3 * rows + 6
+        self.hist = At(cand32, at_hist, base)
         self._bind_launches()
 
     def _bind_launches(self) -> None:
@@ -231,22 +236,23 @@ class RaggedTopk:
         programs_per_sm, _, _, sample_kw, filter_kw, retry_kw, selects, fallback_kw = self.plan
         starts, lens, cand32, buf = self.starts, self.lens, self.cand32, self.buf
         counts, thr, tcol, thr2, wpos, ctl = self.counts, self.thr, self.tcol, self.thr2, self.wpos, self.ctl
+        hist = self.hist
         stats = self.stats if self.stats is not None else lens
         sample_min = self.sample_min
         launches = []
         # (grid, launch, what its slots take: the logits, out, their row strides)
         if sample_kw is not None:
-            args = (0, starts, lens, thr, tcol, thr2, counts, wpos, ctl, rows, 0, sample_min, cand32)
+            args = (0, starts, lens, thr, tcol, thr2, counts, wpos, ctl, rows, 0, sample_min, hist)
             launches.append((rows, SAMPLE_LAUNCHER.bind(args, sample_kw, index, direct, (0, 10)), (0, 2)))
         units = _programs(device, rows * filter_kw["SL"], programs_per_sm)
         filter_args = (0, starts, lens, buf, cand32, counts, thr, tcol, thr2, 0, ctl, wpos, stats, rows, 0, 0,
-                       sample_min)
+                       sample_min, hist)
         for kw in (filter_kw, retry_kw):
             if kw is not None:
                 launches.append((units, FILTER_LAUNCHER.bind(filter_args, kw, index, direct, (0, 9, 14, 15)), (0, 1, 2, 3)))
         # a split row's candidates reach down to its retry's threshold, whether it retried or not
         select_args = (0, starts, lens, 0, cand32, counts, thr if retry_kw is None else thr2, ctl, wpos, stats, 0, 0,
-                       sample_min, thr)
+                       sample_min, hist, thr)
         for first, kw in selects:
             bound = SELECT_LAUNCHER.bind(select_args, kw, index, direct, (0, 3, 10, 11))
             launches.append((_select_grid(device, rows, first), bound, (0, 1, 2, 3)))
@@ -281,6 +287,8 @@ class RaggedTopk:
         # read there are never used
         if self.plan[3] is None:
             self.cand32[self.at_wpos: self.at_wpos + rows + 5].zero_()  # wpos and ctl[0:5], adjacent
+            if self.plan[4]["HIST"]:
+                self.cand32[self.at_hist: self.at_hist + rows * SEED_BINS].zero_()
         values = (logits, out, logits.stride(0), out.stride(0))
         with device_guard(logits):
             for grid, launch, takes in self.launches:
