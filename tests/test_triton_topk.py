@@ -956,17 +956,23 @@ def test_select_search_meets_the_bit_searchs_contract(bisect_after, span):
 SPLIT_FALLBACK = dict(tile=64, sample_min=1 << 30, fallback_split=300, fallback_slice=256, cap=4096)
 
 
-def _check_split(logits, masked, starts, lengths, topk, **kw):
-    # _check with the sixth stats entry: returns (the four path counters, rows split)
+def _check_all_stats(logits, masked, starts, lengths, topk, **kw):
+    # _check with every stats entry (the path counters, rows retried, split, seeded)
     rows = logits.shape[0]
     got = torch.full((rows, topk), 99999, dtype=torch.int32, device=DEVICE)
-    stats = torch.zeros(6, dtype=torch.int32, device=DEVICE)
+    stats = torch.zeros(TC.STAT_SEEDED + 1, dtype=torch.int32, device=DEVICE)
     T.ragged_topk(logits, starts.to(DEVICE), lengths.to(DEVICE), topk, got, stats=stats, config=_cfg(**kw))
     want = torch.empty(rows, topk, dtype=torch.int32)
     row_topk(masked, starts, lengths, topk, want)
     assert torch.equal(got.cpu().sort(1).values, want.sort(1).values)
     stats = stats.cpu().tolist()
     assert sum(stats[:4]) == rows
+    return stats
+
+
+def _check_split(logits, masked, starts, lengths, topk, **kw):
+    # returns (the four path counters, rows split)
+    stats = _check_all_stats(logits, masked, starts, lengths, topk, **kw)
     return stats[:4], stats[TC.STAT_SPLIT]
 
 
@@ -1103,16 +1109,8 @@ def test_overflowing_rows_take_the_split_fallback(slices, buffer):
 
 
 def _check_seeded(logits, masked, starts, lengths, topk, **kw):
-    # _check with every stats entry: returns (rows split, rows of them seeded by the filter)
-    rows = logits.shape[0]
-    got = torch.full((rows, topk), 99999, dtype=torch.int32, device=DEVICE)
-    stats = torch.zeros(7, dtype=torch.int32, device=DEVICE)
-    T.ragged_topk(logits, starts.to(DEVICE), lengths.to(DEVICE), topk, got, stats=stats, config=_cfg(**kw))
-    want = torch.empty(rows, topk, dtype=torch.int32)
-    row_topk(masked, starts, lengths, topk, want)
-    assert torch.equal(got.cpu().sort(1).values, want.sort(1).values)
-    stats = stats.cpu().tolist()
-    assert sum(stats[:4]) == rows
+    # returns (rows split, rows of them seeded by the filter)
+    stats = _check_all_stats(logits, masked, starts, lengths, topk, **kw)
     return stats[TC.STAT_SPLIT], stats[TC.STAT_SEEDED]
 
 
