@@ -729,12 +729,16 @@ def test_sample_kernel_tile_holds_the_filters_sample(slices):
         wpos = torch.full((len(lens),), 77, dtype=torch.int32, device=DEVICE)
         ctl = torch.full((8,), -5, dtype=torch.int32, device=DEVICE)
         thr2 = torch.zeros(2 * len(lens), dtype=torch.int32, device=DEVICE)
+        # fallback_seed's histograms, one a row: zeroed for every filtered row, garbage before
+        hist = torch.full((len(lens), TC.SEED_BINS), 3, dtype=torch.int32, device=DEVICE)
         TK.sample_kernel[(len(lens),)](logits, starts, lens.to(DEVICE), t, tcol, thr2, cnt, wpos, ctl, len(lens),
-                                       logits.stride(0), 0, K=8, SECOND=True, NP=np_, PIECE=piece, SPARSE=sparse,
-                                       SIGMAS=4.0, SLACK=1 / 32, LOW_BIT=8, WHOLE=8, SL=slices, num_warps=1)
+                                       logits.stride(0), 0, hist, K=8, SECOND=True, NP=np_, PIECE=piece,
+                                       SPARSE=sparse, SIGMAS=4.0, SLACK=1 / 32, LOW_BIT=8, WHOLE=8, SL=slices,
+                                       HIST=True, num_warps=1)
         got.append((t, tcol, thr2))
         # the retry's threshold is deeper: at or below the first
         sampled = lens.to(DEVICE) > 8
+        assert (hist[sampled] == 0).all() and (hist[~sampled] == 3).all()
         assert (thr2[:len(lens)][sampled] <= t[sampled]).all()
         assert not wpos.any()
         assert (cnt == (0 if slices > 1 else 9)).all()
