@@ -210,6 +210,17 @@ if triton is not None:
         return tl.minimum(tl.maximum(_key_block(_skey(v)) - origin, 0), _SEED_BINS - 1)
 
     @triton.jit
+    def _count_left_out(hist, v, origin, left_out):
+        # the keys v a list has no room for (mask `left_out`), each 1 to its bin of the row's
+        # histogram (fallback_seed)
+        tl.atomic_add(hist + _seed_bin(v, origin), 1, mask=left_out, sem="relaxed")
+
+    @triton.jit
+    def _zero_bins(hist):
+        # a row's histogram of the keys its lists have no room for, emptied
+        tl.store(hist + tl.arange(0, _SEED_BINS), tl.zeros((_SEED_BINS,), tl.int32))
+
+    @triton.jit
     def _write_out(obase, sel, value, wpos_ptr, taken, WB: tl.constexpr):
         """``value`` of the selected elements of a chunk to ``obase``, after the ``taken``
         written before it: by warp ballots (:func:`_warp_store`, slots from the row's counter
@@ -540,20 +551,20 @@ if triton is not None:
             if HIST:
                 # (a uniform test: only a block running past the room counts keys)
                 if first + tot > WCAP:
-                    tl.atomic_add(hist + _seed_bin(v, origin), 1, mask=sel & (pos >= WCAP), sem="relaxed")
+                    _count_left_out(hist, v, origin, sel & (pos >= WCAP))
         elif BALLOT:
             rank, cnt = _warp_ranks(s32)
             pos = acc + rank
             acc += cnt
             if HIST:
                 # (only the masked steps at a row's end come here on NVIDIA)
-                tl.atomic_add(hist + _seed_bin(v, origin), 1, mask=sel & (pos >= WCAP), sem="relaxed")
+                _count_left_out(hist, v, origin, sel & (pos >= WCAP))
         else:
             pos = acc[:, None] + tl.cumsum(s32, axis=1) - 1
             acc += tl.sum(s32, axis=1)
             if HIST:
                 if tl.max(acc, axis=0) > WCAP:
-                    tl.atomic_add(hist + _seed_bin(v, origin), 1, mask=sel & (pos >= WCAP), sem="relaxed")
+                    _count_left_out(hist, v, origin, sel & (pos >= WCAP))
         tl.store(lists + pos, _pack(c, v), mask=sel & (pos < WCAP))
         return acc
 
@@ -658,7 +669,7 @@ if triton is not None:
                 pos = tl.atomic_add(ctr, tot) + tl.cumsum(s32, axis=0) - 1
                 tl.store(cand + pos, _pack(c, v), mask=sel & (pos < WCAP))
                 if HIST:
-                    tl.atomic_add(hist + _seed_bin(v, origin), 1, mask=sel & (pos >= WCAP), sem="relaxed")
+                    _count_left_out(hist, v, origin, sel & (pos >= WCAP))
 
     @triton.jit
     def filter_kernel(
@@ -772,8 +783,7 @@ if triton is not None:
                         if HIST:
                             # a list that overflowed with fewer than K keys in all (more lists
                             # than K / WCAP) counted keys from the first threshold's bins
-                            hb = tl.arange(0, _SEED_BINS)
-                            tl.store(hist + hb, tl.zeros((_SEED_BINS,), tl.int32))
+                            _zero_bins(hist)
                             tl.debug_barrier()
                         total = _filter_range(base, 0, length, cand, cnt_ptr + row * W, t, tc, hist, W, BW, WCAP,
                                               BALLOT, DEPTH, False, DEAL, HIST)
@@ -883,8 +893,7 @@ if triton is not None:
         length = tl.load(lengths_ptr + row).to(tl.int32)
         if _sampled_row(length, sample_min, WHOLE):
             if HIST:
-                hb = tl.arange(0, _SEED_BINS)
-                tl.store(hist_ptr + row * _SEED_BINS + hb, tl.zeros((_SEED_BINS,), tl.int32))
+                _zero_bins(hist_ptr + row * _SEED_BINS)
             base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
             si = tl.arange(0, NP * PIECE)
             sidx, smask, s, spread = _row_sample(length, si // PIECE, si % PIECE, NP, PIECE, SPARSE, JITTER)
