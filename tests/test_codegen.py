@@ -62,6 +62,38 @@ def _nvidia_compile(fn, signature: dict, kwargs: dict, ptx: tuple[str, ...]):
     return kernel
 
 
+def _loop_local_stores(kernel) -> list[int] | None:
+    """Local-memory stores (register spills) in each innermost loop of an sm_90a kernel
+    holding warp votes (the filter's passes), read from its SASS by Triton's cuobjdump;
+    ``None`` where this Triton ships none. A loop is a backward branch's range; innermost:
+    no other backward branch inside."""
+    import re
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        return None
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    ins = [(int(a, 16), op) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    where = {a: i for i, (a, _) in enumerate(ins)}
+    loops = []
+    for i, (a, op) in enumerate(ins):
+        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", op)
+        if m and int(m.group(1), 16) < a and int(m.group(1), 16) in where:
+            loops.append((where[int(m.group(1), 16)], i))
+    stores = []
+    for lo, hi in loops:
+        body = [o for _, o in ins[lo:hi + 1]]
+        inner = any(lo <= a2 and b2 <= hi and (a2, b2) != (lo, hi) for a2, b2 in loops)
+        if not inner and any("VOTE" in o for o in body):
+            stores.append(sum(1 for o in body if re.match(r"(@!?U?P\d+\s+)?STL", o)))
+    return stores
+
+
 def _compile(fn, signature: dict, kwargs: dict, arch: str):
     from triton.backends.compiler import GPUTarget
 
@@ -147,7 +179,12 @@ def _nvidia_topk_kernels(slices: int) -> None:
     assert filter_kw["BALLOT"] and filter_kw["SL"] == slices
     # the filter's PTX step: warp lists (slices=1) or the row's shared list and its atomic counter
     ptx = ("vote.sync.ballot", "st.global.v2.b32") + (("atom.global.add.u32",) if slices > 1 else ())
-    _nvidia_compile(TK.filter_kernel, _FILTER_SIG, filter_kw, ptx)
+    kernel = _nvidia_compile(TK.filter_kernel, _FILTER_SIG, filter_kw, ptx)
+    if slices == 1:
+        # at its 32-register cap the streaming filter's passes over whole rows spill nothing a
+        # step (Triton 3.9 spills 3 words a step in one of the split rows' four passes there)
+        stores = _loop_local_stores(kernel)
+        assert stores is None or (stores and not any(stores)), stores
     if slices == 1:
         # the blocks dealt to the warps' lists (filter_deal; a split row's one list has none)
         _nvidia_compile(TK.filter_kernel, _FILTER_SIG, dict(filter_kw, DEAL=True), ptx)
@@ -178,7 +215,11 @@ def _nvidia_topk_kernels(slices: int) -> None:
     # launch reads them
     seeded = _topk_plan(dataclasses.replace(TC.CONFIGS["sm90"], fallback_seed=True), 1 << 20, slices=slices)
     assert seeded[4]["HIST"] and seeded[3]["HIST"] and seeded[6][0][1]["SEED"]
-    _nvidia_compile(TK.filter_kernel, _FILTER_SIG, seeded[4], ptx + ("red.global.add.u32",))
+    # (at the seeded cap, 48 registers: at 32 its passes spilled 5-10 words a step)
+    assert seeded[4]["maxnreg"] == TC.CONFIGS["sm90"].seeded_filter_maxnreg
+    kernel = _nvidia_compile(TK.filter_kernel, _FILTER_SIG, seeded[4], ptx + ("red.global.add.u32",))
+    stores = _loop_local_stores(kernel)
+    assert stores is None or (stores and not any(stores)), stores
     _nvidia_compile(TK.sample_kernel, _SAMPLE_SIG, seeded[3], ())
     _nvidia_compile(TK.select_kernel, _SELECT_SIG, seeded[6][0][1], ())
 

@@ -1241,6 +1241,41 @@ def test_split_fallback_ballots_are_planned_where_they_can_run(monkeypatch):
     assert plan(cpu, dataclasses.replace(base, fallback_maxnreg=64), 2048, 1 << 20, 1, False)[-1]["maxnreg"] == 64
 
 
+def test_the_filters_counts_start_the_fallback_by_default_where_every_filter_program_fits(monkeypatch):
+    # fallback_seed=None: on NVIDIA with the sm90 config, on while the filter's rows * slices
+    # programs all fit the SMs at its seeded register cap (48: ten 4-warp programs an SM, so
+    # 1,320 on 132 SMs), off past that and off the GPU; True/False as given. The seeded
+    # filter takes the seeded cap unless a filter cap is set (a CPU device stands for the GPU)
+    cpu = torch.device("cpu")
+    sm90 = TC.CONFIGS["sm90"]
+    assert sm90.fallback_seed is None and sm90.seeded_filter_maxnreg == 48
+    assert not TC.seeds_fallback(cpu, sm90, 1024, 1)
+    assert TC.seeds_fallback(cpu, dataclasses.replace(sm90, fallback_seed=True), 8192, 1)
+    monkeypatch.setattr(TC, "is_nvidia", lambda device: True)
+    monkeypatch.setattr(TC, "_sm_count", lambda device: 132)
+    assert TC.seeds_fallback(cpu, sm90, 1320, 1) and TC.seeds_fallback(cpu, sm90, 128, 8)
+    assert not TC.seeds_fallback(cpu, sm90, 1321, 1) and not TC.seeds_fallback(cpu, sm90, 8192, 1)
+    assert not TC.seeds_fallback(cpu, sm90, 200, 8)
+    assert not TC.seeds_fallback(cpu, dataclasses.replace(sm90, fallback_seed=False), 16, 1)
+    # no seeded cap, a filter that does more than stream, a select in the filter: off
+    for other in (dict(seeded_filter_maxnreg=None), dict(presample=False), dict(fused=True, presample=False)):
+        assert not TC.seeds_fallback(cpu, dataclasses.replace(sm90, **other), 16, 1), other
+    # a lower cap fits more programs an SM (64 at 32 registers, capped by programs_per_sm)
+    assert TC.seeds_fallback(cpu, dataclasses.replace(sm90, seeded_filter_maxnreg=32), 132 * 16, 1)
+    plan = TC.plan_launches.__wrapped__
+    for seed, cap, want in ((True, None, 48), (False, None, 32), (True, 40, 40), (None, None, 32)):
+        config = dataclasses.replace(sm90, fallback_seed=seed, filter_maxnreg=cap)
+        filter_kw = plan(cpu, config, 2048, 1 << 17, 1, False)[4]
+        assert filter_kw["maxnreg"] == want and filter_kw["HIST"] == bool(seed), (seed, cap, filter_kw)
+    # RaggedTopk keeps the resolved value (off the GPU: off); anything but a bool or None is refused
+    monkeypatch.undo()
+    lengths = torch.full((4,), 100, dtype=torch.int64)
+    run = T.RaggedTopk(cpu, 4, 100, torch.zeros(4, dtype=torch.int64), lengths, 16)
+    assert run.config.fallback_seed is False and not run.plan[4]["HIST"]
+    with pytest.raises(ValueError, match="fallback_seed"):
+        TC.TopkConfig(fallback_seed=1)
+
+
 def test_split_fallback_plans_only_what_its_scratch_and_offsets_hold():
     # no launch: turned off, blocks narrower than the split length, a cap too small for one
     # slice's state, rows whose slice ends would wrap int32; else its state and buffer fit

@@ -191,8 +191,13 @@ class TopkConfig:
             listed keys, and the bin holding the k-th key gives its top ``32 -``
             :data:`~.ptx.SEED_SHIFT` bits: the fallback's first pass moves that bin to the
             buffer where it fits, else counts the next digit below them, instead of starting
-            from the top digit. Off by default: the counting costs the filter's pass on every
-            row (H200: 1.6-2.1x the filter kernel's time at 64K-128K keys, docs/topk.md).
+            from the top digit. ``None``: :func:`seeds_fallback` decides from the launch (on
+            NVIDIA where every filter program stays resident at ``seeded_filter_maxnreg``).
+        seeded_filter_maxnreg: Register cap of a streaming filter that also counts the keys
+            its lists have no room for (``fallback_seed``; NVIDIA only). ``None``:
+            ``streaming_filter_maxnreg``. The counting's operand and branch need more
+            registers than the streaming cap leaves (H200: at 32 the loop spilled 5-10 words
+            a step and the filter took 1.6-1.8x its time; at 48 nothing, docs/topk.md).
     """
 
     num_warps: int = 4
@@ -233,14 +238,14 @@ class TopkConfig:
     fallback_prefetch: int = FALLBACK_PREFETCH
     fallback_ballot: bool | None = None
     fallback_items: int = 0
-    fallback_seed: bool = False
+    fallback_seed: bool | None = None
+    seeded_filter_maxnreg: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("fused", "tile_write", "dynamic", "ballot_write", "sample_jitter", "filter_deal",
-                     "fallback_seed"):
+        for name in ("fused", "tile_write", "dynamic", "ballot_write", "sample_jitter", "filter_deal"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        for name in ("presample", "ballot", "fallback_ballot"):
+        for name in ("presample", "ballot", "fallback_ballot", "fallback_seed"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{name} must be True, False or None, got {value!r}")
@@ -282,7 +287,8 @@ class TopkConfig:
             raise ValueError("fused=True needs slices=1 (a split row's select cannot run in one filter program)")
         if self.radix_bits not in (1, 2, 4, 8) or not _int(self.radix_bits):
             raise ValueError(f"radix_bits must be 1, 2, 4 or 8, got {self.radix_bits!r}")
-        for name in ("streaming_filter_maxnreg", "filter_maxnreg", "select_maxnreg", "fallback_maxnreg"):
+        for name in ("streaming_filter_maxnreg", "seeded_filter_maxnreg", "filter_maxnreg", "select_maxnreg",
+                     "fallback_maxnreg"):
             value = getattr(self, name)
             if value is not None and not (_int(value) and (value == 0 or 24 <= value <= 255)):
                 raise ValueError(f"{name} must be None, 0 (no cap) or an int in 24-255; got {value!r}")
@@ -326,9 +332,15 @@ CONFIGS: Mapping[str, TopkConfig] = MappingProxyType({
     # fallback_items=8: with many rows queued, items of merged slices took 0.88-0.95x the
     # time, and 0.99-1.01x where few rows are (32K-key slices instead: 1.08x there),
     # docs/topk.md)
+    # seeded_filter_maxnreg=48: the filter counting its lists' left-out keys (fallback_seed)
+    # spilled in its loop at 32 and 40 registers (1.6-1.8x and 1.2x the time on rows that never
+    # overflow) and not at 48; with 48 (ten programs an SM) it kept 0.98-1.01x the unseeded
+    # filter's time where the launch's programs all fit the SMs (1024 rows) and took 1.06-1.14x
+    # where they queue (4096-8192 rows of 64K-256K keys): hence the resident rule of
+    # seeds_fallback
     "sm90": TopkConfig(num_warps=4, filter_block=512, programs_per_sm=16, select_warps=4, prefetch=2, dynamic=True,
                        presample=True, ballot_write=True, streaming_filter_maxnreg=32, select_maxnreg=80,
-                       fallback_maxnreg=64, fallback_items=8),
+                       fallback_maxnreg=64, fallback_items=8, seeded_filter_maxnreg=48),
 })
 
 
@@ -373,6 +385,29 @@ def auto_slices(device: torch.device, rows: int, n: int, programs_per_sm: int) -
         return 1
     want = min(_sm_count(device) * programs_per_sm // 2 // rows, n // SLICE_MIN, MAX_SLICES)
     return 1 << (want.bit_length() - 1) if want >= 2 else 1
+
+
+#: 32-bit registers of an SM's register file (NVIDIA sm_80 to sm_100).
+REGISTERS_PER_SM = 65536
+
+
+def seeds_fallback(device: torch.device, config: TopkConfig, rows: int, slices: int) -> bool:
+    """Whether :func:`ragged_topk`'s overflowing rows start the split fallback from the
+    filter's counts (``config.fallback_seed``) for ``rows`` rows of ``slices`` programs each.
+
+    ``None`` (the default) decides from the launch: on NVIDIA with a streaming filter and a
+    ``seeded_filter_maxnreg``, on where the filter's ``rows * slices`` programs all fit the
+    SMs at once at that cap (an H200 at 48 registers: ten 4-warp programs an SM, 1,320
+    programs); off where more queue, because there the cap's lower occupancy slows every
+    row's pass (1.06-1.14x at 4096-8192 rows, docs/topk.md). Off elsewhere (not measured)."""
+    seed = config.fallback_seed
+    if seed is not None:
+        return seed
+    cap = config.seeded_filter_maxnreg
+    if not (is_nvidia(device) and cap and config.presample and not config.fused):
+        return False
+    per_sm = min(config.programs_per_sm, REGISTERS_PER_SM // (cap * 32 * config.num_warps))
+    return rows * slices <= _sm_count(device) * per_sm
 
 
 @functools.lru_cache(maxsize=None)
@@ -484,7 +519,11 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
                                    c.fallback_items)
                    if not fused else None)
     # overflowing rows start the split fallback from the filter's histogram of the keys left out
-    seed = c.fallback_seed and fallback_kw is not None
+    # (None, not resolved by seeds_fallback for a launch, counts as off here)
+    seed = bool(c.fallback_seed) and fallback_kw is not None
+    if seed and filter_maxnreg and c.filter_maxnreg is None and c.seeded_filter_maxnreg is not None:
+        # the streaming filter's cap, raised for the counting (checked for NVIDIA with it above)
+        filter_maxnreg = c.seeded_filter_maxnreg
     # whole rows too few of whose keys pass go to the split fallback from retry_split keys on
     retry_from = max(c.retry_split, c.fallback_split) if fallback_kw is not None and c.retry_split else 0
     filter_kw = LaunchKw(

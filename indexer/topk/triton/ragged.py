@@ -54,12 +54,14 @@ it is there.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ... import envs as _envs
 from .config import (
     FALLBACK_PROGRAMS_PER_SM, SECOND_PROGRAMS_PER_SM, STAT_RETRIED, STAT_SEEDED, STAT_SPLIT, TopkConfig, _check_stats,
-    _index_vector, is_nvidia, _programs, plan_launches, auto_slices, launch_config,
+    _index_vector, is_nvidia, _programs, plan_launches, auto_slices, launch_config, seeds_fallback,
 )
 from .kernels import FALLBACK_LAUNCHER, FILTER_LAUNCHER, SAMPLE_LAUNCHER, SELECT_LAUNCHER, triton
 from .launch import At, device_guard
@@ -176,6 +178,8 @@ class RaggedTopk:
         if slices is None:
             # (a fused select needs whole rows)
             slices = 1 if config.fused else auto_slices(device, rows, n, config.programs_per_sm)
+        if config.fallback_seed is None:
+            config = dataclasses.replace(config, fallback_seed=seeds_fallback(device, config, rows, slices))
         self.config = config
         self.plan = plan_launches(device, config, topk, n, slices, stats is not None,
                                   stats is not None and stats.numel() > STAT_RETRIED,
