@@ -62,6 +62,35 @@ def _kw(b, transform):
                 token_to_batch_idx=b.token_to_batch_idx)
 
 
+@pytest.mark.parametrize("topk", [1, 100, 2048, 3000])
+def test_index_map_kernel_equals_torch_ops(topk):
+    # map_indices_ (Triton's kernel; the interpreter here) against the torch ops it replaces,
+    # on a row-strided view of a wider buffer: offsets of both widths (int32 wraparound),
+    # a table lookup; -1 padding kept, the buffer's columns past the view untouched
+    from indexer.integrations.index_map import map_indices_, map_indices_reference_
+
+    g = torch.Generator().manual_seed(topk)
+    rows, b, w = 6, 3, 5000
+    base = torch.randint(0, w, (rows, topk + 7), generator=g, dtype=torch.int32)
+    base[:, 1::3] = -1
+    base[2] = -1
+    cases = [dict(offsets=torch.randint(0, 1 << 20, (rows,), generator=g, dtype=torch.int32)),
+             dict(offsets=torch.tensor([0, 1, (1 << 31) - 10, 5, -3, 1 << 40], dtype=torch.int64)),
+             dict(table=torch.randint(0, 1 << 30, (b, w), generator=g, dtype=torch.int32),
+                  table_rows=torch.tensor([2, 0, 1, 1, 0, 2]))]
+    for kw in cases:
+        got, want = base.clone(), base.clone()
+        map_indices_(got[:, :topk], **kw)
+        map_indices_reference_(want[:, :topk], **kw)
+        assert torch.equal(got, want), kw
+        assert torch.equal(got[:, topk:], base[:, topk:]) and bool((got[:, :topk][base[:, :topk] < 0] == -1).all())
+        assert not torch.equal(got, base)
+    with pytest.raises(ValueError, match="offsets, or table"):
+        map_indices_(base, offsets=cases[0]["offsets"], table=cases[2]["table"], table_rows=cases[2]["table_rows"])
+    with pytest.raises(ValueError, match="offsets, or table"):
+        map_indices_(base, table=cases[2]["table"])
+
+
 @pytest.mark.parametrize("transform", ["ragged", "paged", "relative"])
 def test_prefill_topk_equals_sglang_semantics(transform):
     b = _batch()

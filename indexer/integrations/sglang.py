@@ -29,6 +29,7 @@ import torch
 
 from .. import api
 from ..step import StepPlan, plan as make_plan
+from .index_map import map_indices_
 from .vllm import key_scales
 
 TRANSFORMS = ("ragged", "paged", "relative")
@@ -54,15 +55,11 @@ class IndexTransform:
 
     def apply_(self, sel: torch.Tensor) -> None:
         """Rewrite ``sel`` (int32 ``[M, topk]``, row-relative, ``-1`` padded) in place; ``-1``
-        stays ``-1``. No host sync."""
-        if self.kind == "relative" or sel.shape[0] == 0:
-            return
-        valid = sel >= 0
+        stays ``-1``. No host sync; one kernel on a GPU (:func:`~.index_map.map_indices_`)."""
         if self.kind == "ragged":
-            sel.add_(self.offsets[:, None].to(torch.int32))
-        else:
-            sel.copy_(self.page_table_1[self.token_to_batch_idx[:, None], sel.clamp(min=0)])
-        sel.masked_fill_(~valid, -1)
+            map_indices_(sel, offsets=self.offsets)
+        elif self.kind == "paged":
+            map_indices_(sel, table=self.page_table_1, table_rows=self.token_to_batch_idx)
 
 
 def _indexed(device) -> torch.device:
