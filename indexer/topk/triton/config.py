@@ -197,7 +197,8 @@ class TopkConfig:
             its lists have no room for (``fallback_seed``; NVIDIA only). ``None``:
             ``streaming_filter_maxnreg``. The counting's operand and branch need more
             registers than the streaming cap leaves (H200: at 32 the loop spilled 5-10 words
-            a step and the filter took 1.6-1.8x its time; at 48 nothing, docs/topk.md).
+            a step and the top-k took 1.55-1.73x its time on rows that never overflow; at 48
+            nothing, docs/topk.md).
     """
 
     num_warps: int = 4
@@ -333,11 +334,11 @@ CONFIGS: Mapping[str, TopkConfig] = MappingProxyType({
     # time, and 0.99-1.01x where few rows are (32K-key slices instead: 1.08x there),
     # docs/topk.md)
     # seeded_filter_maxnreg=48: the filter counting its lists' left-out keys (fallback_seed)
-    # spilled in its loop at 32 and 40 registers (1.6-1.8x and 1.2x the time on rows that never
-    # overflow) and not at 48; with 48 (ten programs an SM) it kept 0.98-1.01x the unseeded
-    # filter's time where the launch's programs all fit the SMs (1024 rows) and took 1.06-1.14x
-    # where they queue (4096-8192 rows of 64K-256K keys): hence the resident rule of
-    # seeds_fallback
+    # spilled in its loop at 32 and 40 registers (the top-k 1.55-1.73x and 1.09-1.22x the time
+    # on rows that never overflow) and not at 48; at 48 (ten programs an SM) the top-k kept
+    # 0.98-1.01x the unseeded time where the launch's programs all fit the SMs (1024 rows) and
+    # took 1.06-1.14x where they queue (4096-8192 rows of 64K-256K keys): hence the resident
+    # rule of seeds_fallback
     "sm90": TopkConfig(num_warps=4, filter_block=512, programs_per_sm=16, select_warps=4, prefetch=2, dynamic=True,
                        presample=True, ballot_write=True, streaming_filter_maxnreg=32, select_maxnreg=80,
                        fallback_maxnreg=64, fallback_items=8, seeded_filter_maxnreg=48),
