@@ -65,8 +65,8 @@ def _nvidia_compile(fn, signature: dict, kwargs: dict, ptx: tuple[str, ...]):
 def _loop_local_stores(kernel) -> list[int] | None:
     """Local-memory stores (register spills) in each innermost loop of an sm_90a kernel
     holding warp votes (the filter's passes), read from its SASS by Triton's cuobjdump;
-    ``None`` where this Triton ships none. A loop is a backward branch's range; innermost:
-    no other backward branch inside."""
+    ``None`` where this Triton ships none. A loop runs from a backward branch's target to
+    the last backward branch there; innermost: no other loop inside."""
     import re
 
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -80,11 +80,12 @@ def _loop_local_stores(kernel) -> list[int] | None:
         sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
     ins = [(int(a, 16), op) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     where = {a: i for i, (a, _) in enumerate(ins)}
-    loops = []
+    ends: dict = {}  # a loop's start -> its last backward branch there
     for i, (a, op) in enumerate(ins):
         m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", op)
         if m and int(m.group(1), 16) < a and int(m.group(1), 16) in where:
-            loops.append((where[int(m.group(1), 16)], i))
+            ends[where[int(m.group(1), 16)]] = i
+    loops = list(ends.items())
     stores = []
     for lo, hi in loops:
         body = [o for _, o in ins[lo:hi + 1]]

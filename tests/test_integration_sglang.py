@@ -73,10 +73,15 @@ def _kw(b, transform):
 @pytest.mark.parametrize("topk", [1, 100, 2048, 3000])
 def test_index_map_kernel_equals_torch_ops(topk):
     # map_indices_ (Triton's kernel; the interpreter here) against the torch ops it replaces,
-    # on a row-strided view of a wider buffer: offsets of both widths (int32 wraparound),
-    # a table lookup; -1 padding kept, the buffer's columns past the view untouched
+    # on a row-strided view of a wider buffer: offsets of both widths (int32 wraparound) and
+    # strided, a table lookup (strided row vector); -1 padding kept, the buffer's columns past
+    # the view untouched
     from indexer.integrations.index_map import map_indices_, map_indices_reference_
+    from indexer.topk.triton import launch_reasons
 
+    reasons = launch_reasons(torch.device("cpu"))
+    if reasons:  # (else both sides would be the torch ops)
+        pytest.skip("; ".join(reasons))
     g = torch.Generator().manual_seed(topk)
     rows, b, w = 6, 3, 5000
     base = torch.randint(0, w, (rows, topk + 7), generator=g, dtype=torch.int32)
@@ -84,8 +89,11 @@ def test_index_map_kernel_equals_torch_ops(topk):
     base[2] = -1
     cases = [dict(offsets=torch.randint(0, 1 << 20, (rows,), generator=g, dtype=torch.int32)),
              dict(offsets=torch.tensor([0, 1, (1 << 31) - 10, 5, -3, 1 << 40], dtype=torch.int64)),
+             dict(offsets=torch.randint(0, 1 << 20, (rows, 3), generator=g, dtype=torch.int32)[:, 1]),
              dict(table=torch.randint(0, 1 << 30, (b, w), generator=g, dtype=torch.int32),
-                  table_rows=torch.tensor([2, 0, 1, 1, 0, 2]))]
+                  table_rows=torch.tensor([2, 0, 1, 1, 0, 2])),
+             dict(table=torch.randint(0, 1 << 30, (b, w), generator=g, dtype=torch.int32),
+                  table_rows=torch.tensor([[2, 9], [0, 9], [1, 9], [1, 9], [0, 9], [2, 9]])[:, 0])]
     for kw in cases:
         got, want = base.clone(), base.clone()
         map_indices_(got[:, :topk], **kw)
@@ -93,10 +101,20 @@ def test_index_map_kernel_equals_torch_ops(topk):
         assert torch.equal(got, want), kw
         assert torch.equal(got[:, topk:], base[:, topk:]) and bool((got[:, :topk][base[:, :topk] < 0] == -1).all())
         assert not torch.equal(got, base)
+    table, table_rows = cases[3]["table"], cases[3]["table_rows"]
     with pytest.raises(ValueError, match="offsets, or table"):
-        map_indices_(base, offsets=cases[0]["offsets"], table=cases[2]["table"], table_rows=cases[2]["table_rows"])
+        map_indices_(base, offsets=cases[0]["offsets"], table=table, table_rows=table_rows)
     with pytest.raises(ValueError, match="offsets, or table"):
-        map_indices_(base, table=cases[2]["table"])
+        map_indices_(base, table=table)
+    # refused before any kernel, the table untouched: a vector of another length, a 1-D table
+    before = base.clone()
+    with pytest.raises(ValueError, match="offsets must be"):
+        map_indices_(base, offsets=cases[0]["offsets"][:-1])
+    with pytest.raises(ValueError, match="table_rows must be"):
+        map_indices_(base, table=table, table_rows=table_rows[:-1])
+    with pytest.raises(ValueError, match="table must be"):
+        map_indices_(base, table=table[0], table_rows=table_rows)
+    assert torch.equal(base, before)
 
 
 @pytest.mark.parametrize("transform", ["ragged", "paged", "relative"])

@@ -1257,8 +1257,11 @@ def test_the_filters_counts_start_the_fallback_by_default_where_every_filter_pro
     assert not TC.seeds_fallback(cpu, sm90, 1321, 1) and not TC.seeds_fallback(cpu, sm90, 8192, 1)
     assert not TC.seeds_fallback(cpu, sm90, 200, 8)
     assert not TC.seeds_fallback(cpu, dataclasses.replace(sm90, fallback_seed=False), 16, 1)
-    # no seeded cap, a filter that does more than stream, a select in the filter: off
-    for other in (dict(seeded_filter_maxnreg=None), dict(presample=False), dict(fused=True, presample=False)):
+    # no seeded cap (None or 0), a cap of the filter's own or no streaming cap (then the seeded
+    # one would not apply), a filter that does more than stream, a select in the filter: off
+    for other in (dict(seeded_filter_maxnreg=None), dict(seeded_filter_maxnreg=0), dict(filter_maxnreg=32),
+                  dict(streaming_filter_maxnreg=None), dict(presample=None), dict(presample=False),
+                  dict(fused=True, presample=False)):
         assert not TC.seeds_fallback(cpu, dataclasses.replace(sm90, **other), 16, 1), other
     # a lower cap fits more programs an SM (64 at 32 registers, capped by programs_per_sm)
     assert TC.seeds_fallback(cpu, dataclasses.replace(sm90, seeded_filter_maxnreg=32), 132 * 16, 1)

@@ -39,22 +39,33 @@ def map_indices_(sel: torch.Tensor, offsets: torch.Tensor | None = None, table: 
                  table_rows: torch.Tensor | None = None) -> None:
     """Rewrite row-relative indices in place; ``-1`` stays ``-1``. No host sync.
 
-    Exactly one of ``offsets`` or (``table``, ``table_rows``) is given; the caller has checked
-    that every index a row holds is inside its table row (SGLang's adapter does, at plan time).
+    Exactly one of ``offsets`` or (``table``, ``table_rows``) is given. The caller has checked
+    the values: ``table_rows`` in ``[0, B)`` and every index a row holds below ``W`` (SGLang's
+    adapter does, at plan time); they are not read here (no sync).
 
     Args:
-        sel: int32 ``[M, topk]``, column stride 1 (any row stride): row-relative indices,
-            ``-1`` padded.
-        offsets: int32/int64 ``[M]``: ``sel[i, j] += offsets[i]`` (int32 arithmetic).
-        table: int32 ``[B, W]``, column stride 1: ``sel[i, j] = table[table_rows[i], sel[i, j]]``.
-        table_rows: int32/int64 ``[M]``: each row's row of ``table``.
+        sel: int32 ``[M, topk]`` (any strides): row-relative indices, ``-1`` padded.
+        offsets: int32/int64 ``[M]`` on ``sel``'s device: ``sel[i, j] += offsets[i]`` (int32
+            arithmetic).
+        table: int ``[B, W]`` on ``sel``'s device: ``sel[i, j] = table[table_rows[i], sel[i, j]]``.
+        table_rows: int32/int64 ``[M]`` on ``sel``'s device: each row's row of ``table``.
 
     Triton's kernel runs where it can launch on ``sel``'s device (a GPU, or the CPU under
-    Triton's interpreter); elsewhere :func:`map_indices_reference_`.
+    Triton's interpreter) for an int32 ``sel`` and ``table`` of column stride 1; otherwise
+    :func:`map_indices_reference_`.
+
+    Raises:
+        ValueError: not exactly one mapping, or a vector of another length or device.
     """
     if (offsets is None) == (table is None) or (table is not None and table_rows is None):
         raise ValueError("map_indices_ takes offsets, or table with table_rows")
     rows, topk = sel.shape
+    for name, v in (("offsets", offsets), ("table_rows", table_rows)):
+        if v is not None and (v.dim() != 1 or v.numel() != rows or v.device != sel.device):
+            raise ValueError(f"{name} must be [{rows}] (one entry a row of sel) on {sel.device}, got "
+                             f"{list(v.shape)} on {v.device}")
+    if table is not None and (table.dim() != 2 or table.device != sel.device):
+        raise ValueError(f"table must be [B, W] on {sel.device}, got {list(table.shape)} on {table.device}")
     if rows == 0 or topk == 0:
         return
     if (triton is None or launch_reasons(sel.device) or sel.dtype != torch.int32 or sel.stride(1) != 1
@@ -64,10 +75,13 @@ def map_indices_(sel: torch.Tensor, offsets: torch.Tensor | None = None, table: 
     block = min(triton.next_power_of_2(topk), 2048)
     grid = (rows, triton.cdiv(topk, block))
     with device_guard(sel):
+        # (the kernel reads the vectors with unit stride: a strided one is copied, [M])
         if offsets is not None:
+            offsets = offsets.contiguous()
             _map_kernel[grid](sel, sel.stride(0), offsets, sel, 0, offsets, topk, LOOKUP=False, BLOCK=block,
                               num_warps=4)
         else:
+            table_rows = table_rows.contiguous()
             _map_kernel[grid](sel, sel.stride(0), table_rows, table, table.stride(0), table_rows, topk, LOOKUP=True,
                               BLOCK=block, num_warps=4)
 

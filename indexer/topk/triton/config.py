@@ -194,11 +194,12 @@ class TopkConfig:
             from the top digit. ``None``: :func:`seeds_fallback` decides from the launch (on
             NVIDIA where every filter program stays resident at ``seeded_filter_maxnreg``).
         seeded_filter_maxnreg: Register cap of a streaming filter that also counts the keys
-            its lists have no room for (``fallback_seed``; NVIDIA only). ``None``:
+            its lists have no room for (``fallback_seed``; NVIDIA only; in place of
+            ``streaming_filter_maxnreg``, where that applies; ``0``: no cap). ``None``:
             ``streaming_filter_maxnreg``. The counting's operand and branch need more
-            registers than the streaming cap leaves (H200: at 32 the loop spilled 5-10 words
-            a step and the top-k took 1.55-1.73x its time on rows that never overflow; at 48
-            nothing, docs/topk.md).
+            registers than the streaming cap leaves (H200, Triton 3.6: at 32 the loop spilled
+            5-10 words a step and the top-k took 1.55-1.73x its time on rows that never
+            overflow; at 48 nothing, docs/topk.md).
     """
 
     num_warps: int = 4
@@ -337,8 +338,8 @@ CONFIGS: Mapping[str, TopkConfig] = MappingProxyType({
     # spilled in its loop at 32 and 40 registers (the top-k 1.55-1.73x and 1.09-1.22x the time
     # on rows that never overflow) and not at 48; at 48 (ten programs an SM) the top-k kept
     # 0.98-1.01x the unseeded time where the launch's programs all fit the SMs (1024 rows) and
-    # took 1.06-1.14x where they queue (4096-8192 rows of 64K-256K keys): hence the resident
-    # rule of seeds_fallback
+    # took 1.01-1.14x where they queue (4096-8192 rows of 16K-256K keys; H200, Triton 3.6):
+    # hence the resident rule of seeds_fallback
     "sm90": TopkConfig(num_warps=4, filter_block=512, programs_per_sm=16, select_warps=4, prefetch=2, dynamic=True,
                        presample=True, ballot_write=True, streaming_filter_maxnreg=32, select_maxnreg=80,
                        fallback_maxnreg=64, fallback_items=8, seeded_filter_maxnreg=48),
@@ -396,16 +397,19 @@ def seeds_fallback(device: torch.device, config: TopkConfig, rows: int, slices: 
     """Whether :func:`ragged_topk`'s overflowing rows start the split fallback from the
     filter's counts (``config.fallback_seed``) for ``rows`` rows of ``slices`` programs each.
 
-    ``None`` (the default) decides from the launch: on NVIDIA with a streaming filter and a
-    ``seeded_filter_maxnreg``, on where the filter's ``rows * slices`` programs all fit the
-    SMs at once at that cap (an H200 at 48 registers: ten 4-warp programs an SM, 1,320
-    programs); off where more queue, because there the cap's lower occupancy slows every
-    row's pass (1.06-1.14x at 4096-8192 rows, docs/topk.md). Off elsewhere (not measured)."""
+    ``None`` (the default) decides from the launch: on NVIDIA, where the seeded filter runs at
+    ``seeded_filter_maxnreg`` (a streaming filter, ``presample=True`` and not ``fused``, with a
+    ``streaming_filter_maxnreg`` and no ``filter_maxnreg`` of its own), on where the filter's
+    ``rows * slices`` programs all fit the SMs at once at that cap (an H200 at 48 registers:
+    ten 4-warp programs an SM, 1,320 programs); off where more queue, because there the cap's
+    lower occupancy slows every row's pass (up to 1.14x at 4096-8192 rows, docs/topk.md).
+    Off elsewhere (not measured), and with a seeded cap of 0 (none)."""
     seed = config.fallback_seed
     if seed is not None:
         return seed
     cap = config.seeded_filter_maxnreg
-    if not (is_nvidia(device) and cap and config.presample and not config.fused):
+    if not (is_nvidia(device) and cap and config.streaming_filter_maxnreg and config.filter_maxnreg is None
+            and config.presample is True and not config.fused):
         return False
     per_sm = min(config.programs_per_sm, REGISTERS_PER_SM // (cap * 32 * config.num_warps))
     return rows * slices <= _sm_count(device) * per_sm
@@ -523,7 +527,8 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
     # (None, not resolved by seeds_fallback for a launch, counts as off here)
     seed = bool(c.fallback_seed) and fallback_kw is not None
     if seed and filter_maxnreg and c.filter_maxnreg is None and c.seeded_filter_maxnreg is not None:
-        # the streaming filter's cap, raised for the counting (checked for NVIDIA with it above)
+        # the streaming filter's cap replaced for the counting (0: none; it stands where a
+        # streaming cap, checked for NVIDIA above, does)
         filter_maxnreg = c.seeded_filter_maxnreg
     # whole rows too few of whose keys pass go to the split fallback from retry_split keys on
     retry_from = max(c.retry_split, c.fallback_split) if fallback_kw is not None and c.retry_split else 0
