@@ -389,6 +389,16 @@ def auto_slices(device: torch.device, rows: int, n: int, programs_per_sm: int) -
     return 1 << (want.bit_length() - 1) if want >= 2 else 1
 
 
+def _seeded_cap(config: TopkConfig, streaming: bool) -> int | None:
+    # the register cap a seeded filter runs at in place of the streaming one (0: none), or
+    # None where the seeded cap does not apply: a cap of the filter's own, no streaming cap,
+    # a filter that does more than stream (`streaming`: it presamples and is not fused)
+    if (config.seeded_filter_maxnreg is None or config.filter_maxnreg is not None
+            or not config.streaming_filter_maxnreg or not streaming):
+        return None
+    return config.seeded_filter_maxnreg
+
+
 #: 32-bit registers of an SM's register file (NVIDIA sm_80 to sm_100).
 REGISTERS_PER_SM = 65536
 
@@ -407,9 +417,8 @@ def seeds_fallback(device: torch.device, config: TopkConfig, rows: int, slices: 
     seed = config.fallback_seed
     if seed is not None:
         return seed
-    cap = config.seeded_filter_maxnreg
-    if not (is_nvidia(device) and cap and config.streaming_filter_maxnreg and config.filter_maxnreg is None
-            and config.presample is True and not config.fused):
+    cap = _seeded_cap(config, config.presample is True and not config.fused)
+    if not (is_nvidia(device) and cap):
         return False
     per_sm = min(config.programs_per_sm, REGISTERS_PER_SM // (cap * 32 * config.num_warps))
     return rows * slices <= _sm_count(device) * per_sm
@@ -474,10 +483,12 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
             raise ValueError("fused=True needs slices=1 (a split row's select cannot run in one filter program)")
         presample = True
     filter_maxnreg = c.filter_maxnreg
+    # (before an automatic presample is resolved: its filter keeps no tuned cap)
+    streaming = bool(presample) and not fused
     if filter_maxnreg is None:
         # the tuned cap is for the filter that only streams: the sample's search (presample
         # off) or the select (fused) under it spill in their loops
-        filter_maxnreg = c.streaming_filter_maxnreg if presample and not fused else None
+        filter_maxnreg = c.streaming_filter_maxnreg if streaming else None
     cap = default_cap(topk) if c.cap is None else c.cap
     tile = min(max(_next_pow2(2 * topk), num_warps), cap) if c.tile is None else c.tile
     for name, value in (("filter_maxnreg", filter_maxnreg), ("select_maxnreg", c.select_maxnreg),
@@ -526,10 +537,11 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
     # overflowing rows start the split fallback from the filter's histogram of the keys left out
     # (None, not resolved by seeds_fallback for a launch, counts as off here)
     seed = bool(c.fallback_seed) and fallback_kw is not None
-    if seed and filter_maxnreg and c.filter_maxnreg is None and c.seeded_filter_maxnreg is not None:
-        # the streaming filter's cap replaced for the counting (0: none; it stands where a
-        # streaming cap, checked for NVIDIA above, does)
-        filter_maxnreg = c.seeded_filter_maxnreg
+    # the streaming filter's cap replaced for the counting (it stands where a streaming cap,
+    # checked for NVIDIA above, does)
+    seeded_cap = _seeded_cap(c, streaming) if seed else None
+    if seeded_cap is not None:
+        filter_maxnreg = seeded_cap
     # whole rows too few of whose keys pass go to the split fallback from retry_split keys on
     retry_from = max(c.retry_split, c.fallback_split) if fallback_kw is not None and c.retry_split else 0
     filter_kw = LaunchKw(
