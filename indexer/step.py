@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from . import envs
-from .backends import select_backend
+from .backends import choose_backend
 from .backends.base import chunk_bounds, fill_index, plan_chunks, prepare_chunks, run_chunks
 from .collective import (
     RING_STRATEGIES,
@@ -65,6 +65,10 @@ class StepInfo:
         gate: Which rule decided whether to shard: the calibrated times (with the two
             predicted step times) or the row count (and why not the times).
         notes: What the backend does differently for this problem (e.g. head padding).
+        backend_reason: Why this backend: forced (by the ``backend`` argument or
+            ``INDEXER_BACKEND`` / its platform's variable, named), or the first of the
+            platform's priority list that runs the problem, with the reasons of each one
+            skipped before it.
         chunks: Chunks this rank computes.
         compressed_chunks: How many of them are compressed (a chunk spanning requests).
         compute_ms: Time to compute this rank's rows (only with ``timing=True``).
@@ -84,6 +88,7 @@ class StepInfo:
     reason: str = ""
     gate: str = ""
     notes: tuple[str, ...] = ()
+    backend_reason: str = ""
     chunks: int = 0
     compressed_chunks: int = 0
     compute_ms: float | None = None
@@ -189,7 +194,11 @@ class StepPlan:
         self.problem = problem
         platform = platform_for_device(problem.device)
         key = platform.key
-        chosen = select_backend(problem, platform, envs.value("BACKEND", key, backend))
+        requested = envs.resolve("BACKEND", key, backend)
+        chosen, backend_reason = choose_backend(problem, platform, requested.value)
+        if requested.value != "auto":
+            backend_reason = "forced by the backend argument" if requested.source == "argument" else \
+                f"forced by {requested.source.removeprefix('env ')}"
         budget = int(envs.value("MAX_LOGITS_MB", key, max_logits_mb) * 2**20)
         strategy_req = envs.value("TP_SHARD_STRATEGY", key, strategy)
         reassembly_req = envs.value("REASSEMBLY", key, reassembly)
@@ -208,7 +217,8 @@ class StepPlan:
                 raise ValueError("group was given but torch.distributed is not initialised")
             world, rank = dist.get_world_size(group), dist.get_rank(group)
         m = problem.num_rows
-        info = StepInfo(chosen.name, False, world, rank, notes=tuple(chosen.notes(problem)))
+        info = StepInfo(chosen.name, False, world, rank, notes=tuple(chosen.notes(problem)),
+                        backend_reason=backend_reason)
         shard = world > 1 and shard_on and m >= min_rows * world
         # the gate: the calibrated times where rank 0 has them, unless the row count was set
         by_model = world > 1 and shard_on and m > 0 and not min_rows_set.is_set
@@ -397,7 +407,7 @@ class StepPlan:
     def __str__(self) -> str:
         i, p = self.info, self.problem
         parts = [f"indexer plan: M={p.num_rows} N={p.num_keys} H={p.num_heads} D={p.head_dim} topk={p.topk} "
-                 f"on {p.device}", f"backend {i.backend}"]
+                 f"on {p.device}", f"backend {i.backend}" + (f" ({i.backend_reason})" if i.backend_reason else "")]
         if i.notes:
             parts.append("; ".join(i.notes))
         parts.append(f"rank {i.rank}/{i.world_size}: {i.reason}")

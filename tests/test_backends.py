@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import indexer
-from indexer.backends import backend_statuses, select_backend
+from indexer.backends import backend_statuses, choose_backend, select_backend
 from indexer.platform import CudaPlatform, Platform
 from indexer.problem import validate
 from indexer.synthetic import make_inputs
@@ -53,6 +53,32 @@ def test_no_backend_fits_lists_every_reason():
         select_backend(problem, _VendorOnly())
     msg = str(err.value)
     assert "deepgemm:" in msg and "aiter:" in msg
+
+
+@dataclass(frozen=True)
+class _VendorFirst(Platform):
+    backend_priority = ("deepgemm", "aiter", "torch")
+
+
+def test_the_plan_says_why_it_took_its_backend(monkeypatch):
+    # auto: the platform's order and every backend skipped before the one taken, with its
+    # reasons; forced: by the argument or by the environment variable
+    problem, _ = validate(*_inp().args(), 16)
+    chosen, why = choose_backend(problem, _VendorFirst())
+    assert chosen.name == "torch" and select_backend(problem, _VendorFirst()) is chosen
+    assert why.startswith("auto: the first in this platform's order (deepgemm, aiter, torch) that runs it")
+    assert "skipped deepgemm: " in why and "; aiter: " in why and "NVIDIA GPU" in why, why
+    assert choose_backend(problem, _VendorFirst(), "torch")[1] == "forced"
+    inp = _inp()
+    bounds = dict(num_keys=inp.k.shape[0], heads=4, head_dim=32, topk=16)
+    plan = indexer.plan(inp.row_starts, inp.row_ends, **bounds)
+    assert plan.info.backend_reason.startswith("auto: the first in this platform's order (torch)")
+    assert "backend torch (auto: " in str(plan)
+    plan = indexer.plan(inp.row_starts, inp.row_ends, backend="torch", **bounds)
+    assert plan.info.backend_reason == "forced by the backend argument"
+    assert "backend torch (forced by the backend argument)" in str(plan)
+    monkeypatch.setenv("INDEXER_BACKEND", "torch")
+    assert indexer.plan(inp.row_starts, inp.row_ends, **bounds).info.backend_reason == "forced by INDEXER_BACKEND"
 
 
 def test_statuses_cover_every_backend():

@@ -26,6 +26,7 @@ __all__ = [
     "BackendStatus",
     "BackendUnavailableError",
     "backend_names",
+    "choose_backend",
     "backend_statuses",
     "get_backend",
     "register_backend",
@@ -123,7 +124,7 @@ def backend_statuses(platform: Platform, problem: Problem | None = None) -> list
 
 
 def select_backend(problem: Problem, platform: Platform, requested: str = "auto") -> Backend:
-    """Pick the backend that runs ``problem``.
+    """Pick the backend that runs ``problem`` (:func:`choose_backend` without its reason).
 
     Args:
         problem: The validated step.
@@ -134,6 +135,19 @@ def select_backend(problem: Problem, platform: Platform, requested: str = "auto"
         BackendUnavailableError: The forced backend cannot run (with its reasons), or no
             backend can (with every backend's reasons).
     """
+    return choose_backend(problem, platform, requested)[0]
+
+
+def choose_backend(problem: Problem, platform: Platform, requested: str = "auto") -> tuple[Backend, str]:
+    """Pick the backend that runs ``problem``, and say why: ``(backend, reason)``.
+
+    ``auto`` takes the first backend of the platform's priority list with no reasons; the
+    reason then names the list and every backend skipped before it with its reasons. A
+    forced backend's reason is ``"forced"``.
+
+    Raises:
+        BackendUnavailableError: As :func:`select_backend`.
+    """
     if requested != "auto":
         if requested not in _MODULES:
             raise BackendUnavailableError(
@@ -142,7 +156,7 @@ def select_backend(problem: Problem, platform: Platform, requested: str = "auto"
         reasons = _reasons(requested, problem)
         if reasons:
             raise BackendUnavailableError(f"backend {requested!r} was forced but cannot run: " + "; ".join(reasons))
-        return get_backend(requested)
+        return get_backend(requested), "forced"
     lines = []
     for name in platform.backend_priority:
         if name not in _MODULES:
@@ -150,6 +164,10 @@ def select_backend(problem: Problem, platform: Platform, requested: str = "auto"
             continue
         reasons = _reasons(name, problem)
         if not reasons:
-            return get_backend(name)
+            order = ", ".join(platform.backend_priority)
+            why = f"auto: the first in this platform's order ({order}) that runs it"
+            if lines:
+                why += "; skipped " + "; ".join(line.strip() for line in lines)
+            return get_backend(name), why
         lines.append(f"  {name}: " + "; ".join(reasons))
     raise BackendUnavailableError(f"no backend can run this problem on {platform.describe()}:\n" + "\n".join(lines))
