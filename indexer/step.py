@@ -195,10 +195,8 @@ class StepPlan:
         platform = platform_for_device(problem.device)
         key = platform.key
         requested = envs.resolve("BACKEND", key, backend)
-        chosen, backend_reason = choose_backend(problem, platform, requested.value)
-        if requested.value != "auto":
-            backend_reason = "forced by the backend argument" if requested.source == "argument" else \
-                f"forced by {requested.source.removeprefix('env ')}"
+        forced_by = "the backend argument" if requested.source == "argument" else requested.source.removeprefix("env ")
+        chosen, backend_reason = choose_backend(problem, platform, requested.value, forced_by)
         budget = int(envs.value("MAX_LOGITS_MB", key, max_logits_mb) * 2**20)
         strategy_req = envs.value("TP_SHARD_STRATEGY", key, strategy)
         reassembly_req = envs.value("REASSEMBLY", key, reassembly)

@@ -69,6 +69,7 @@ def test_the_plan_says_why_it_took_its_backend(monkeypatch):
     assert why.startswith("auto: the first in this platform's order (deepgemm, aiter, torch) that runs it")
     assert "skipped deepgemm: " in why and "; aiter: " in why and "NVIDIA GPU" in why, why
     assert choose_backend(problem, _VendorFirst(), "torch")[1] == "forced"
+    assert choose_backend(problem, _VendorFirst(), "torch", "a test")[1] == "forced by a test"
     inp = _inp()
     bounds = dict(num_keys=inp.k.shape[0], heads=4, head_dim=32, topk=16)
     plan = indexer.plan(inp.row_starts, inp.row_ends, **bounds)

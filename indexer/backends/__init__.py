@@ -138,12 +138,14 @@ def select_backend(problem: Problem, platform: Platform, requested: str = "auto"
     return choose_backend(problem, platform, requested)[0]
 
 
-def choose_backend(problem: Problem, platform: Platform, requested: str = "auto") -> tuple[Backend, str]:
+def choose_backend(problem: Problem, platform: Platform, requested: str = "auto",
+                   forced_by: str | None = None) -> tuple[Backend, str]:
     """Pick the backend that runs ``problem``, and say why: ``(backend, reason)``.
 
     ``auto`` takes the first backend of the platform's priority list with no reasons; the
     reason then names the list and every backend skipped before it with its reasons. A
-    forced backend's reason is ``"forced"``.
+    forced backend's reason is ``"forced"``, or ``"forced by <forced_by>"`` where the caller
+    says what forced it (an argument, a variable).
 
     Raises:
         BackendUnavailableError: As :func:`select_backend`.
@@ -156,7 +158,7 @@ def choose_backend(problem: Problem, platform: Platform, requested: str = "auto"
         reasons = _reasons(requested, problem)
         if reasons:
             raise BackendUnavailableError(f"backend {requested!r} was forced but cannot run: " + "; ".join(reasons))
-        return get_backend(requested), "forced"
+        return get_backend(requested), "forced" + (f" by {forced_by}" if forced_by else "")
     lines = []
     for name in platform.backend_priority:
         if name not in _MODULES:
