@@ -383,9 +383,9 @@ def test_fused_select_keeps_whole_rows_where_rows_would_be_split(monkeypatch):
         _check(logits, masked, starts, lengths, 24, cap=512, fused=True, slices=4, **SMALL_SAMPLE)
 
 
-def _default_plan(topk, n, presample=None, slices=1):
+def _default_plan(topk, n, presample=None, slices=1, **fields):
     # _plan for the default config (the CPU's, and AMD's) on a CPU device
-    config = dataclasses.replace(TC.DEFAULT_CONFIG, presample=presample)
+    config = dataclasses.replace(TC.DEFAULT_CONFIG, presample=presample, **fields)
     return TC.plan_launches(torch.device("cpu"), config, topk, n, slices, False)
 
 
@@ -402,10 +402,20 @@ def test_split_rows_take_their_threshold_from_the_sample_kernel():
 def test_rows_past_the_filters_sample_take_the_sample_kernel():
     # a config without presample (the default off NVIDIA) still runs the sample kernel for
     # rows longer than the filter's own sample covers at one key in 32 (256 runs of 16 keys:
-    # 128K keys), which then gives the retry's threshold too; asked for explicitly, off stays off
+    # 128K keys); asked for explicitly, off stays off
     assert not TC.DEFAULT_CONFIG.presample
     _, _, _, sample_kw, filter_kw, _, _, _ = _default_plan(2048, 1 << 20)
-    assert sample_kw is not None and filter_kw["PRESAMPLE"] and filter_kw["SECOND"]
+    assert sample_kw is not None and filter_kw["PRESAMPLE"]
+    # rows from 32K keys on that fall short of k keys take the split fallback, so the rows
+    # that retry in their filter program are covered by its own sample: no second threshold
+    assert filter_kw["RETRY_FROM"] == TC.RETRY_SPLIT <= 1 << 17
+    assert not filter_kw["SECOND"] and not sample_kw["SECOND"]
+    # where every whole row retries in its filter (retry_split=0), the sample kernel gives
+    # the retry's threshold of rows past that sample; and always for split rows
+    _, _, _, sample_kw, filter_kw, _, _, _ = _default_plan(2048, 1 << 20, retry_split=0)
+    assert filter_kw["RETRY_FROM"] == 0 and filter_kw["SECOND"] and sample_kw["SECOND"]
+    assert not _default_plan(2048, 1 << 17, retry_split=0, presample=True)[4]["SECOND"]
+    assert _default_plan(2048, 1 << 20, slices=4)[4]["SECOND"]
     assert _default_plan(2048, 1 << 17)[3] is None
     assert _default_plan(2048, 1 << 20, presample=False)[3] is None
 

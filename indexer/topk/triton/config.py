@@ -523,9 +523,6 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
     if presample is None:
         # the sample kernel's larger sample for rows longer than the filter's own serves
         presample = not fused and runs > c.pieces
-    # the retry's threshold from the sample kernel where its sample is the larger (split
-    # rows have no filter program that sees the whole row to search one)
-    second = presample and (slices > 1 or runs > c.pieces)
     # a split row's programs append to one list a row; a whole row's, one list per warp
     lists = 1 if slices > 1 else num_warps
     common = select_constexprs(topk, lists, cap, tile, c.block, c.radix_bits, has_stats)
@@ -544,6 +541,14 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
         filter_maxnreg = seeded_cap
     # whole rows too few of whose keys pass go to the split fallback from retry_split keys on
     retry_from = max(c.retry_split, c.fallback_split) if fallback_kw is not None and c.retry_split else 0
+    # the retry's threshold from the sample kernel, searched for every row up front: for split
+    # rows (no filter program sees the whole row to search one), and for whole rows longer than
+    # the filter's own sample covers at one key in `sparse` where such rows retry in their
+    # filter program; where only shorter ones do (rows from retry_from keys on take the split
+    # fallback instead), a retrying program searches its own sample, and the sample kernel's
+    # second search, made for every row and used by none, is left out
+    covered = c.pieces * piece * c.sparse
+    second = presample and (slices > 1 or (runs > c.pieces and not 0 < retry_from <= covered))
     filter_kw = LaunchKw(
         BW=filter_block // num_warps, NP=c.pieces, PIECE=piece, SPARSE=c.sparse, SIGMAS=float(c.sigmas),
         SLACK=float(c.sample_slack), LOW_BIT=c.sample_low_bit, BALLOT=bool(ballot), DEPTH=c.prefetch,
