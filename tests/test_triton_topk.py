@@ -406,16 +406,14 @@ def test_rows_past_the_filters_sample_take_the_sample_kernel():
     assert not TC.DEFAULT_CONFIG.presample
     _, _, _, sample_kw, filter_kw, _, _, _ = _default_plan(2048, 1 << 20)
     assert sample_kw is not None and filter_kw["PRESAMPLE"]
-    # rows from 32K keys on that fall short of k keys take the split fallback, so the rows
-    # that retry in their filter program are covered by its own sample: no second threshold
-    assert filter_kw["RETRY_FROM"] == TC.RETRY_SPLIT <= 1 << 17
-    assert not filter_kw["SECOND"] and not sample_kw["SECOND"]
-    # where every whole row retries in its filter (retry_split=0), the sample kernel gives
-    # the retry's threshold of rows past that sample; and always for split rows
+    # the sample kernel also gives the retry's threshold, for rows shorter than RETRY_FROM
+    # (longer whole rows take the split fallback instead); the filter only loads it
+    assert filter_kw["SECOND"] and sample_kw["SECOND"]
+    assert sample_kw["RETRY_FROM"] == filter_kw["RETRY_FROM"] == TC.RETRY_SPLIT
     _, _, _, sample_kw, filter_kw, _, _, _ = _default_plan(2048, 1 << 20, retry_split=0)
-    assert filter_kw["RETRY_FROM"] == 0 and filter_kw["SECOND"] and sample_kw["SECOND"]
-    assert not _default_plan(2048, 1 << 17, retry_split=0, presample=True)[4]["SECOND"]
-    assert _default_plan(2048, 1 << 20, slices=4)[4]["SECOND"]
+    assert sample_kw["RETRY_FROM"] == filter_kw["RETRY_FROM"] == 0 and filter_kw["SECOND"]
+    assert _default_plan(2048, 1 << 17, presample=True)[4]["SECOND"]
+    assert not _default_plan(2048, 1 << 17, presample=False)[4]["SECOND"]
     assert _default_plan(2048, 1 << 17)[3] is None
     assert _default_plan(2048, 1 << 20, presample=False)[3] is None
 

@@ -541,14 +541,12 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
         filter_maxnreg = seeded_cap
     # whole rows too few of whose keys pass go to the split fallback from retry_split keys on
     retry_from = max(c.retry_split, c.fallback_split) if fallback_kw is not None and c.retry_split else 0
-    # the retry's threshold from the sample kernel, searched for every row up front: for split
-    # rows (no filter program sees the whole row to search one), and for whole rows longer than
-    # the filter's own sample covers at one key in `sparse` where such rows retry in their
-    # filter program; where only shorter ones do (rows from retry_from keys on take the split
-    # fallback instead), a retrying program searches its own sample, and the sample kernel's
-    # second search, made for every row and used by none, is left out
-    covered = c.pieces * piece * c.sparse
-    second = presample and (slices > 1 or (runs > c.pieces and not 0 < retry_from <= covered))
+    # where the sample kernel runs it also gives the retry's threshold, for the rows that can
+    # retry: split rows (no filter program sees the whole row to search one) and whole rows
+    # shorter than retry_from (longer ones take the split fallback instead); the filter then
+    # only loads it (a filter that searches its own sample for a retry carries that search
+    # under its register cap: 4-5% slower at 256K-1M keys on an H200)
+    second = bool(presample)
     filter_kw = LaunchKw(
         BW=filter_block // num_warps, NP=c.pieces, PIECE=piece, SPARSE=c.sparse, SIGMAS=float(c.sigmas),
         SLACK=float(c.sample_slack), LOW_BIT=c.sample_low_bit, BALLOT=bool(ballot), DEPTH=c.prefetch,
@@ -561,7 +559,7 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
         # up to 16 warps, 32 keys a thread at SAMPLE_MAX
         sample_kw = LaunchKw(K=topk, NP=runs, PIECE=piece, SPARSE=c.sparse, SIGMAS=float(c.sigmas),
                              SLACK=float(c.sample_slack), LOW_BIT=c.sample_low_bit, WHOLE=tile, SL=slices,
-                             SECOND=second, JITTER=c.sample_jitter, HIST=seed,
+                             SECOND=second, RETRY_FROM=retry_from, JITTER=c.sample_jitter, HIST=seed,
                              num_warps=max(1, min(16, runs * piece // 1024)))
     # split rows retry in a launch of their own (rows strided over its programs)
     retry_kw = LaunchKw(filter_kw, RETRY=True, DYNAMIC=False) if slices > 1 else None

@@ -867,6 +867,7 @@ if triton is not None:
         WHOLE: tl.constexpr,
         SL: tl.constexpr,
         SECOND: tl.constexpr,
+        RETRY_FROM: tl.constexpr = 0,
         JITTER: tl.constexpr = False,
         HIST: tl.constexpr = False,
     ):
@@ -901,17 +902,19 @@ if triton is not None:
             t, tc = _sample_cut(skeys, sidx, _run_rank(K, s, length, SIGMAS, PIECE), length, spread, SLACK, LOW_BIT)
             tl.store(thr_ptr + row, t)
             tl.store(tcol_ptr + row, tc)
+            # the retry's, twice as many sigmas deep (a filter program's own sample of a long
+            # row is too small to place it well: at 2M keys each of its keys stands for 512),
+            # within half its rank and 16 low bits (most searches end early); only for rows that
+            # can retry: split rows, whole rows shorter than RETRY_FROM (0: every row)
             if SECOND:
-                # the retry's, twice as many sigmas deep (a filter program's own sample of a
-                # long row is too small to place it well: at 2M keys each of its keys stands
-                # for 512), within half its rank and 16 low bits: most searches end early
-                t2, tc2 = _sample_cut(skeys, sidx, _run_rank(K, s, length, 2 * SIGMAS, 2 * PIECE), length, spread,
-                                      0.5, 16)
-                # never above the first: the two searches stop at different slacks, and a split
-                # row's select takes this one as the least of its candidates
-                above = (t2 > t) | ((t2 == t) & (tc2 < tc))
-                tl.store(thr2_ptr + row, tl.where(above, t, t2))
-                tl.store(thr2_ptr + rows + row, tl.where(above, tc, tc2))
+                if (length < RETRY_FROM) | (RETRY_FROM == 0) | (SL > 1):
+                    t2, tc2 = _sample_cut(skeys, sidx, _run_rank(K, s, length, 2 * SIGMAS, 2 * PIECE), length, spread,
+                                          0.5, 16)
+                    # never above the first: the two searches stop at different slacks, and a split
+                    # row's select takes this one as the least of its candidates
+                    above = (t2 > t) | ((t2 == t) & (tc2 < tc))
+                    tl.store(thr2_ptr + row, tl.where(above, t, t2))
+                    tl.store(thr2_ptr + rows + row, tl.where(above, tc, tc2))
 
     @triton.jit
     def _defer(ctl_ptr, row):
