@@ -26,6 +26,10 @@ from .ptx import SEED_BINS
 #: ``SPARSE`` up to 512K keys. The threshold is ``SIGMAS`` standard deviations deep.
 PIECES, PIECE, SPARSE, SIGMAS = 256, 16, 32, 4.0
 SAMPLE_MAX = 16384
+#: The sample kernel's density past the filter's own sample: one key in 64 (4096 keys at 256K,
+#: 8192 at 512K, 16384 at 1M), where one in 32 slowed 256K-512K-key rows by searching a
+#: sample twice as large.
+SAMPLE_SPARSE = 64
 #: The sample threshold's search may end this fraction above its rank (``sample_slack``).
 SAMPLE_SLACK = 1 / 32
 #: Candidate slots per row (``max(CAP, 4 * topk)``, a power of two): ``8 * cap`` bytes.
@@ -142,6 +146,8 @@ class TopkConfig:
             threshold ``sigmas`` standard deviations deep.
         sample_max: Keys at most in the sample kernel's sample (a power of two, at least
             ``piece``).
+        sample_sparse: Past the filter's own sample (``pieces`` runs), the sample kernel's
+            holds at most one key in ``sample_sparse`` (at least ``sparse``).
         sample_low_bit: Bits of the sample threshold's key left 0 (0-24): fewer counting
             steps for a slightly lower, still safe, threshold.
         sample_slack: The threshold's search ends once at most ``rank * (1 + sample_slack)``
@@ -227,6 +233,7 @@ class TopkConfig:
     sparse: int = SPARSE
     sigmas: float = SIGMAS
     sample_max: int = SAMPLE_MAX
+    sample_sparse: int = SAMPLE_SPARSE
     sample_low_bit: int = 8
     sample_slack: float = SAMPLE_SLACK
     sample_min: int = 0
@@ -304,6 +311,8 @@ class TopkConfig:
             raise ValueError(f"sample_slack must be in [0, 64], got {self.sample_slack!r}")
         if not (isinstance(self.sigmas, numbers.Real) and self.sigmas > 0):
             raise ValueError(f"sigmas must be positive, got {self.sigmas!r}")
+        if not (_int(self.sample_sparse) and self.sample_sparse >= self.sparse):
+            raise ValueError(f"sample_sparse must be an int of at least sparse={self.sparse}, got {self.sample_sparse!r}")
         if self.sample_max < self.piece:
             raise ValueError(f"sample_max={self.sample_max} must be at least piece={self.piece}")
         # Triton tiles hold at most 2**20 elements
@@ -519,7 +528,7 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
     fallback_ballot = fallback_ballot_ok if c.fallback_ballot is None else c.fallback_ballot
     ballot = _ballot_ok(device, num_warps, filter_block) if c.ballot is None else c.ballot
     # the sample kernel's runs: enough for one key in `sparse` of the longest row, up to sample_max
-    runs = sample_runs(n, piece, c.sparse, c.sample_max)
+    runs = sample_runs(n, piece, c.sparse, c.sample_max, c.pieces, c.sample_sparse)
     if presample is None:
         # the sample kernel's larger sample for rows longer than the filter's own serves
         presample = not fused and runs > c.pieces
@@ -615,11 +624,13 @@ def fallback_buffer_slot(nsp: int, slices: int) -> int:
     return (FALLBACK_STATE + nsp + 32 * slices + 1) // 2 * 2
 
 
-def sample_runs(n: int, piece: int, sparse: int, sample_max: int) -> int:
+def sample_runs(n: int, piece: int, sparse: int, sample_max: int, pieces: int = 1, sample_sparse: int = 1) -> int:
     """The sample kernel's ``NP`` for rows of at most ``n`` keys: runs enough for one key in
     ``sparse`` of the longest (:func:`_row_sample`), a power of two, at most ``sample_max``
-    keys: shorter rows take the same sample from a smaller tile."""
-    return max(1, min(sample_max // piece, _next_pow2(max(1, n // (sparse * piece)))))
+    keys, and at most one key in ``sample_sparse`` of it where that leaves at least ``pieces``
+    runs: shorter rows take the same sample from a smaller tile."""
+    thin = max(pieces, _next_pow2(max(1, n // (sample_sparse * piece))))
+    return max(1, min(sample_max // piece, _next_pow2(max(1, n // (sparse * piece))), thin))
 
 
 def _check_stats(stats: torch.Tensor | None, device: torch.device) -> None:
