@@ -193,6 +193,8 @@ def test_nans_rank_above_everything_like_torch_topk():
                                       (dict(slices=128), "slices"), (dict(slices=2.0), "slices"),
                                       (dict(slices=2, fused=True), "fused"), (dict(sample_max=4), "sample_max"),
                                       (dict(sample_max=3000), "sample_max"),
+                                      (dict(sample_sparse=16), "sample_sparse"),
+                                      (dict(sample_sparse=64.0), "sample_sparse"),
                                       (dict(fallback_ballot=True, fallback_block=256), "fallback_ballot")])
 def test_bad_launch_options_are_refused(kw, match):
     logits = torch.zeros(1, 10, device=DEVICE)
@@ -336,16 +338,20 @@ def test_retried_rows_are_counted_with_a_fifth_stats_entry(kw):
     assert torch.equal(out.cpu().sort(1).values, want.sort(1).values)
 
 
+@pytest.mark.parametrize("presample", [None, True])
 @pytest.mark.parametrize("retry_split", [0, 1024, 4096])
-def test_long_whole_rows_short_of_k_keys_take_the_split_fallback_instead_of_a_retry(retry_split):
+def test_long_whole_rows_short_of_k_keys_take_the_split_fallback_instead_of_a_retry(retry_split, presample):
     # as above, the first three rows keep fewer than k=16 keys through the first threshold.
     # Rows of 2048 keys, split fallback from 1024: with retry_split 1024 they skip the
     # filter program's second pass and are selected by the split fallback; with 0 (never) or
-    # 4096 (longer rows only) they retry and keep the sampled path. The same set every way
+    # 4096 (longer rows only) they retry and keep the sampled path. The same set every way.
+    # With presample the retry's threshold comes from the sample kernel, which searches it
+    # only for the rows that can retry (none with 1024)
     vals, starts, lengths = _short_rows()
     out = torch.empty(6, 16, dtype=torch.int32, device=DEVICE)
     stats = torch.zeros(6, dtype=torch.int32, device=DEVICE)
-    cfg = _cfg(cap=4096, slices=1, retry_split=retry_split, fallback_split=1024, fallback_slice=512, **SMALL_SAMPLE)
+    cfg = _cfg(cap=4096, slices=1, retry_split=retry_split, fallback_split=1024, fallback_slice=512,
+               presample=presample, **SMALL_SAMPLE)
     T.ragged_topk(vals.to(DEVICE), starts.to(DEVICE), lengths.to(DEVICE), 16, out, stats=stats, config=cfg)
     stats = stats.cpu().tolist()
     skip = retry_split == 1024
@@ -712,6 +718,35 @@ def test_presampled_thresholds_take_the_filters_paths(piece, pieces):
     want = _check(logits, masked, starts, lengths, 24, presample=False, **kw)
     got = _check(logits, masked, starts, lengths, 24, presample=True, **kw)
     assert got == want and want[TC.STAT_SAMPLED] >= 8, (got, want)
+
+
+def test_the_sample_kernels_sample_thins_past_the_filters_own():
+    # default shape (runs of 16 keys, one key in 32, the filter's own 256 runs): the sample
+    # kernel's keeps one key in 64 past the filter's own, up to SAMPLE_MAX keys
+    def keys(n, **kw):
+        c = dataclasses.replace(TC.DEFAULT_CONFIG, **kw)
+        return TC.sample_runs(n, c.piece, c.sparse, c.sample_max, c.pieces, c.sample_sparse) * c.piece
+    assert [keys(1 << e) for e in range(16, 22)] == [2048, 4096, 4096, 8192, 16384, 16384]
+    # at one key in 32 (sample_sparse == sparse) it holds one key in 32 up to SAMPLE_MAX
+    assert [keys(1 << e, sample_sparse=32) for e in range(16, 22)] == [2048, 4096, 8192, 16384, 16384, 16384]
+    assert TC.SAMPLE_SPARSE == TC.DEFAULT_CONFIG.sample_sparse == 64
+
+
+@pytest.mark.parametrize("dist", ["gaussian", "equal", "few_distinct", "descending", "recency", "relu_zeros"])
+def test_a_thinned_sample_selects_the_torch_set(dist):
+    # the sample kernel's runs thinned to one key in 64 past the filter's own 16 runs: 64 runs
+    # of 8 keys where one key in 4 would take 128 (sample_max); ragged rows, ties, ramps
+    rows, n, topk = 4, 20000, 200
+    kw = dict(DIST_SAMPLE, pieces=16, sample_sparse=64, presample=True)
+    c = dataclasses.replace(TC.DEFAULT_CONFIG, **kw)
+    assert TC.sample_runs(n, c.piece, c.sparse, c.sample_max, c.pieces, c.sample_sparse) == 64
+    logits = logits_like(dist, rows, n, seed=11)
+    starts = torch.tensor([0, 1, 350, 1000])
+    lengths = torch.tensor([n, n - 1, n - 700, 15000])
+    col = torch.arange(n)
+    inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
+    masked = torch.where(inside, logits, float("-inf"))
+    _check_all_stats(logits.to(DEVICE), masked, starts, lengths, topk, **kw)
 
 
 @pytest.mark.parametrize("slices", [1, 2])

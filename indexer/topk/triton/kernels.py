@@ -725,8 +725,8 @@ if triton is not None:
         not hold at once find no work left; otherwise ``pid, pid + nprog, ...``.
         ``PRESAMPLE``: the first threshold comes from :func:`sample_kernel`, so that no
         program stops streaming for a sample's search; ``SECOND``: so does the rare retry's,
-        deeper (at ``thr2``/``thr2 + rows``), where that kernel's sample is larger than this
-        one's. A whole row's program retries itself; split rows retry in a
+        deeper (at ``thr2``/``thr2 + rows``; a search of this program's own sample for it,
+        under the streaming filter's register cap, slowed every row). A whole row's program retries itself; split rows retry in a
         second launch (``RETRY``, after the first has counted every row): where fewer than
         ``K`` keys passed, each slice appends the keys between the deeper threshold and the
         first (the keys above the first are in the list already); with ``RETRY_FROM``, a
@@ -874,7 +874,10 @@ if triton is not None:
         """The filter kernel's threshold ``(thr[row], tcol[row])`` of row ``program_id`` (if
         it filters the row), at its sample's rank (:func:`_run_rank`, :func:`_sample_cut`),
         and with ``SECOND`` the retry's, twice as many sigmas deep, at ``(thr2[row],
-        thr2[rows + row])`` (a looser search: any key near that rank serves).
+        thr2[rows + row])`` (a looser search: any key near that rank serves), for the rows
+        that can retry: split rows (``SL > 1``) and whole rows shorter than ``RETRY_FROM``
+        (0: every row; longer ones take the split fallback instead, and their ``thr2`` is left
+        unwritten).
         ``NP`` (runs at most) may exceed the filter's, so that long rows get a sample as large
         as ``SPARSE`` asks (up to a tile's worth), or be smaller where no row has more runs
         (:func:`sample_runs`): the same sample, a smaller tile. It also zeroes the counters
