@@ -62,9 +62,11 @@ def test_radix_topk_selects_the_torch_set(rows, n, topk, quantize, block):
     assert (got[0] == -1).all()
 
 
-# The sampled path at toy sizes: runs of at most 8 keys, one key in 4 sampled; rows longer
-# than the select tile (2 * topk by default) take it.
-SMALL_SAMPLE = dict(piece=8, sparse=4)
+# The sampled path at toy sizes: runs of at most 8 keys, one key in 4 sampled by the filter and
+# by the sample kernel alike (these tests' rows are built around where those runs read; a
+# thinner sample kernel is tested on its own); rows longer than the select tile (2 * topk by
+# default) take it.
+SMALL_SAMPLE = dict(piece=8, sparse=4, sample_sparse=4)
 
 
 def _check(logits, masked, starts, lengths, topk, **kw):
