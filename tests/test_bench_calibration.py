@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from indexer.backends import get_backend
+from indexer.bench.calibrate import exchange_fit
 from indexer.partition import CostModel
 from indexer.partition.calibration import calibration_path, cost_model_for, load_calibration, save_calibration
 
@@ -142,6 +143,20 @@ def test_bench_topk_cpu(tmp_path, cpu_interpreter):
     assert ways[:2] == ["prefill_topk, torch top-k", "prefill_topk, triton top-k"], ways
     assert ways[2].startswith("plan.run") and "logits alone" in ways[3], ways
     assert all(r["same"] == 1.0 and r["N"] == 1024 and r["M"] == 8 and r["ms"] > 0 for r in data["e2e"])
+
+
+def test_exchange_fit_keeps_each_sizes_fastest_round_of_its_slowest_rank():
+    # two ranks, three sizes, three rounds; true line 1 ms + 1 ms per MB. Rank 1 lags rank 0
+    # by 0.5 ms in every round (the exchange waits for it), and a slow spell of 30 ms hits the
+    # middle size in one round: the fit must see neither the fast rank nor the spell
+    mb = 2**20
+    nbytes = [1 * mb, 4 * mb, 16 * mb]
+    true = [2.0, 5.0, 17.0]
+    rank0 = [[t, t + 0.2, t + 0.1] for t in true]
+    rank1 = [[t + 0.5, t + 0.5 + (30.0 if s == 1 else 0.0), t + 0.6] for s, t in enumerate(true)]
+    ms, fixed_ms, per_byte_ms = exchange_fit(nbytes, [rank0, rank1])
+    assert ms == pytest.approx([t + 0.5 for t in true])
+    assert fixed_ms == pytest.approx(1.5) and per_byte_ms * mb == pytest.approx(1.0)
 
 
 def test_bench_calibrate_exchange_stores_the_groups_fit(tmp_path):

@@ -107,8 +107,13 @@ def fit(samples: list[tuple[int, int, float]]):
 _EXCHANGE_ROWS = dict(cuda=(1024, 8192, 32768, 65536), cpu=(1024, 8192, 32768))
 
 
-def _exchange_rank(rank: int, world: int, device: str, topk: int, repeats: int) -> list[tuple[int, float]]:
-    """``(bytes of the table, ms)`` of this group's exchange of int32 ``[M, topk]`` tables."""
+def _exchange_rank(rank: int, world: int, device: str, topk: int, repeats: int) -> list[list[float]]:
+    """Milliseconds of this group's exchange of int32 ``[M, topk]`` tables: one list per
+    size of ``_EXCHANGE_ROWS``, one time per round.
+
+    Each round times every size once, so a slow spell of the machine (other processes on a
+    small CI host) lands on all sizes alike instead of on whichever size ran during it.
+    """
     import time
 
     import torch.distributed as dist
@@ -122,13 +127,14 @@ def _exchange_rank(rank: int, world: int, device: str, topk: int, repeats: int) 
         torch.cuda.set_device(dev)
     group = dist.group.WORLD
     caps = probe_group(group, dev)
-    samples = []
+    setups = []
     for m in _EXCHANGE_ROWS["cuda" if dev.type == "cuda" else "cpu"]:
         plan = plan_rows(torch.zeros(m, dtype=torch.int64), torch.ones(m, dtype=torch.int64), world, "balanced")
         ex = make_exchange(plan, rank, group, choose_mode("auto", caps, plan.strategy), topk, dev)
-        out = torch.zeros(m, topk, dtype=torch.int32, device=dev)
-        times = []
-        for i in range(repeats + 1):
+        setups.append((ex, torch.zeros(m, topk, dtype=torch.int32, device=dev)))
+    times: list[list[float]] = [[] for _ in setups]
+    for i in range(repeats + 1):
+        for (ex, out), t in zip(setups, times):
             dist.barrier(group=group)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
@@ -137,35 +143,62 @@ def _exchange_rank(rank: int, world: int, device: str, topk: int, repeats: int) 
             ex(out)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
-            if i:  # the first is a warm-up
-                times.append((time.perf_counter() - t0) * 1e3)
-        samples.append((m * topk * 4, sorted(times)[len(times) // 2]))
-    return samples
+            if i:  # the first round is a warm-up
+                t.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def exchange_fit(nbytes: list[int], per_rank: list[list[list[float]]]) -> tuple[list[float], float, float]:
+    """Fit ``ms = fixed + per_byte * bytes`` to exchange times measured on every rank.
+
+    A round's time is its slowest rank's (the exchange ends when the last rank has its
+    table); each size keeps its fastest round, since machine noise only ever adds time.
+
+    Args:
+        nbytes: Table size in bytes, one per measured size.
+        per_rank: ``per_rank[r][s][i]``: rank r's milliseconds at size s in round i.
+
+    Returns:
+        ``(ms, fixed_ms, per_byte_ms)``: the time kept per size and the least-squares line.
+    """
+    ms = [min(max(rank[s][i] for rank in per_rank) for i in range(len(per_rank[0][s]))) for s in range(len(nbytes))]
+    x = torch.tensor([[float(b), 1.0] for b in nbytes], dtype=torch.float64)
+    y = torch.tensor([[t] for t in ms], dtype=torch.float64)
+    per_byte_ms, fixed_ms = torch.linalg.lstsq(x, y).solution.flatten().tolist()
+    return ms, fixed_ms, per_byte_ms
+
+
+# a fit with no positive per-byte time means noise hid the size dependence: measure again
+# with more rounds, at most this many times
+_EXCHANGE_ATTEMPTS = 3
 
 
 def run_exchange(args: argparse.Namespace) -> int:
     """``--exchange``: time the exchange at a few table sizes on ``--tp`` ranks and store
-    ``us + bytes / bandwidth`` (the slowest rank's median at each size)."""
+    ``us + bytes / bandwidth`` (see :func:`exchange_fit`)."""
     from ..launch import run_ranks
     from ..partition.calibration import save_exchange_calibration
 
     device = torch.device(args.device)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    print(f"calibrating the exchange of {args.tp} {backend} ranks on {device.type}: int32 [M, {args.topk}] tables, "
-          f"median of {args.repeats}", flush=True)
-    per_rank = run_ranks(_exchange_rank, args.tp, device.type, args.topk, args.repeats, backend=backend, timeout=1800)
-    rows = [dict(M=nbytes // (4 * args.topk), MB=nbytes / 2**20, ms=max(r[i][1] for r in per_rank))
-            for i, (nbytes, _) in enumerate(per_rank[0])]
-    x = torch.tensor([[r["MB"] * 2**20, 1.0] for r in rows], dtype=torch.float64)
-    y = torch.tensor([[r["ms"]] for r in rows], dtype=torch.float64)
-    per_byte_ms, fixed_ms = torch.linalg.lstsq(x, y).solution.flatten().tolist()
-    for r in rows:
-        r["fit_ms"] = fixed_ms + per_byte_ms * r["MB"] * 2**20
-    print(table(rows, [("M", "rows M", "d"), ("MB", "table MB", ".1f"), ("ms", "exchange ms", ".3f"),
-                       ("fit_ms", "fit ms", ".3f")]))
-    if per_byte_ms <= 0:
-        print("fit failed: no positive per-byte time; nothing stored")
-        return 1
+    sizes = _EXCHANGE_ROWS["cuda" if device.type == "cuda" else "cpu"]
+    nbytes = [m * args.topk * 4 for m in sizes]
+    repeats = args.repeats
+    for attempt in range(1, _EXCHANGE_ATTEMPTS + 1):
+        print(f"calibrating the exchange of {args.tp} {backend} ranks on {device.type}: int32 [M, {args.topk}] "
+              f"tables, fastest of {repeats} rounds", flush=True)
+        per_rank = run_ranks(_exchange_rank, args.tp, device.type, args.topk, repeats, backend=backend, timeout=1800)
+        ms, fixed_ms, per_byte_ms = exchange_fit(nbytes, per_rank)
+        rows = [dict(M=m, MB=b / 2**20, ms=t, fit_ms=fixed_ms + per_byte_ms * b) for m, b, t in zip(sizes, nbytes, ms)]
+        print(table(rows, [("M", "rows M", "d"), ("MB", "table MB", ".1f"), ("ms", "exchange ms", ".3f"),
+                           ("fit_ms", "fit ms", ".3f")]))
+        if per_byte_ms > 0:
+            break
+        if attempt == _EXCHANGE_ATTEMPTS:
+            print(f"fit failed {attempt} times: no positive per-byte time; nothing stored")
+            return 1
+        repeats *= 2
+        print("fit failed: no positive per-byte time; measuring again with more rounds", flush=True)
     us, gb_per_s = max(0.0, fixed_ms * 1e3), 1e-6 / per_byte_ms
     print(f"fit: {us:.1f} us + bytes / {gb_per_s:.2f} GB/s")
     if not args.dry_run:
