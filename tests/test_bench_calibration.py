@@ -172,3 +172,76 @@ def test_bench_calibrate_exchange_stores_the_groups_fit(tmp_path):
     entry = data["exchange@gloox2"]
     assert entry["us"] >= 0 and entry["gb_per_s"] > 0
     assert "rows M" in res.stdout and "GB/s" in res.stdout
+
+
+def test_same_values_accepts_any_tie_order_and_catches_a_wrong_key():
+    import torch
+
+    from indexer.bench.topk import same_values
+
+    # row 0: keys 1..4 tie at the k-th value; row 1 has a NaN (ranked above every number)
+    # and a window starting at column 2
+    logits = torch.tensor([[5.0, 1.0, 1.0, 1.0, 1.0, 0.0], [9.0, 9.0, float("nan"), 3.0, 2.0, 1.0]])
+    starts = torch.tensor([0, 2])
+    lowest = torch.tensor([[0, 1], [0, 1]], dtype=torch.int32)
+    other_tie = torch.tensor([[4, 0], [1, 0]], dtype=torch.int32)
+    assert same_values(logits, starts, lowest, other_tie) == 1.0
+    wrong = torch.tensor([[0, 5], [0, 2]], dtype=torch.int32)  # row 0 takes 0.0, row 1 takes 2.0 for 3.0
+    assert same_values(logits, starts, lowest, wrong) == 0.0
+    padded = torch.tensor([[0, -1], [0, 1]], dtype=torch.int32)  # a missing key is not a tied one
+    assert same_values(logits, starts, lowest, padded) == 0.5
+    # three keys tied at the top: taking one of them twice gives the right values, not a valid set
+    tied = torch.tensor([[1.0, 1.0, 1.0, 0.0]]).expand(2, -1)
+    valid = torch.tensor([[0, 1], [0, 1]], dtype=torch.int32)
+    twice = torch.tensor([[2, 0], [1, 1]], dtype=torch.int32)
+    assert same_values(tied, torch.tensor([0, 0]), twice, valid) == 0.5
+
+
+def test_vllm_anchor_gives_vllms_op_its_row_bounds_and_strides():
+    # vLLM's top_k_per_row_prefill as its schema and kernel define it (rowEnds, not lengths;
+    # the block's strides; row r written at indices + r * topK; row-relative indices, -1
+    # padded), registered on the CPU in place of vLLM's CUDA op: the bench's wrapper must
+    # give it what vLLM's indexer gives it and read back our row-relative table
+    import torch
+
+    from indexer.bench.topk import vllm_topk
+    from indexer.topk import row_topk
+
+    assert not hasattr(torch.ops._C, "top_k_per_row_prefill")
+    lib = torch.library.Library("_C", "FRAGMENT")
+    try:
+        lib.define("top_k_per_row_prefill(Tensor logits, Tensor rowStarts, Tensor rowEnds, Tensor(a!) indices, "
+                   "int numRows, int stride0, int stride1, int topK) -> ()")
+
+        def impl(logits, row_starts, row_ends, indices, num_rows, stride0, stride1, top_k):
+            assert row_starts.dtype == row_ends.dtype == indices.dtype == torch.int32
+            block = logits.as_strided((num_rows, logits.shape[1]), (stride0, stride1))
+            flat = indices.view(-1)
+            for r in range(num_rows):
+                s, e = int(row_starts[r]), int(row_ends[r])
+                row = torch.full((top_k,), -1, dtype=torch.int32)
+                if e - s <= top_k:
+                    row[: e - s] = torch.arange(e - s, dtype=torch.int32)
+                else:
+                    row[:] = torch.topk(block[r, s:e], top_k).indices.to(torch.int32)
+                flat[r * top_k : (r + 1) * top_k] = row
+
+        lib.impl("top_k_per_row_prefill", impl, "CPU")
+        fn, why = vllm_topk()
+        assert fn is not None, why
+        gen = torch.Generator().manual_seed(0)
+        starts = torch.tensor([0, 5, 40, 100, 250, 7])
+        lengths = torch.tensor([260, 200, 3, 160, 10, 0])
+        cols = torch.arange(260)
+        outside = (cols < starts[:, None]) | (cols >= (starts + lengths)[:, None])
+        logits = torch.randn(6, 300, generator=gen)[:, :260]  # row stride 300
+        logits.masked_fill_(outside, float("-inf"))  # as a backend's logits block leaves them
+        buf = torch.full((6, 24), 7, dtype=torch.int32)
+        out = buf[:, :16]  # a row-strided view, as engines pass
+        fn(logits, starts, lengths, 16, out)
+        ref = torch.empty(6, 16, dtype=torch.int32)
+        row_topk(logits, starts, lengths, 16, ref)
+        assert torch.equal(out.sort(1).values, ref.sort(1).values)  # distinct values: one valid set
+        assert (buf[:, 16:] == 7).all()
+    finally:
+        lib._destroy()

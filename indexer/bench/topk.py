@@ -9,7 +9,12 @@ block, in one process, each phase timed with CUDA events after warm-up (median o
 * ``triton``: our ragged kernel (``INDEXER_TOPK=triton``), with how many rows took the
   sampled path;
 * ``flashinfer``: FlashInfer's ``top_k_ragged_transform`` where it imports, with the
-  lowest-index tie rule (``tie_break=1``, ours) and with any tie order (``tie_break=0``).
+  lowest-index tie rule (``tie_break=1``, ours) and with any tie order (``tie_break=0``);
+* ``vllm``: vLLM's ``top_k_per_row_prefill`` (the op vLLM's indexer runs after DeepGEMM's
+  logits), as registered in the process, from an installed vLLM (``vllm._C``), or from a
+  library built from its source and given by ``--vllm-topk-lib``. Its ties at the k-th value go to whichever key its atomics reach
+  first, so beside ``same set`` every row gets ``same values``: rows whose selected values
+  equal the torch path's, no index twice (a valid top-k under any tie order).
 
 ``floor`` is the bandwidth floor: bytes of valid logits (sum of row lengths x 4) over the
 copy bandwidth measured in the same run (a device-to-device copy, bytes read + written over
@@ -68,6 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--dist skips an M x N whose logits exceed this many GiB")
     p.add_argument("--check-rows", type=int, default=64,
                    help="--dist compares this many rows (spread over the block) with the torch path's sets")
+    p.add_argument("--vllm-topk-lib", default=None,
+                   help="a shared library registering vLLM's torch.ops._C.top_k_per_row_prefill (built from vLLM's "
+                        "csrc/sampler.cu), timed beside ours; default: from an installed vLLM, if any")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=None, help="write the rows as JSON here")
     p.add_argument("--tune", action="store_true",
@@ -122,8 +130,81 @@ def flashinfer_topk(tie_break: int = 1):
     return fn, ""
 
 
+def vllm_topk(lib: str | None = None):
+    """vLLM's ``top_k_per_row_prefill`` as ``fn(logits, starts_rel, lengths, topk, out)``
+    (row-relative indices, ``-1`` padded, like ours), or ``(None, reason)``.
+
+    Args:
+        lib: A shared library that registers ``torch.ops._C.top_k_per_row_prefill`` with
+            vLLM's schema ``(logits, rowStarts, rowEnds, indices!, numRows, stride0, stride1,
+            topK)``; ``None``: the op as already registered, else from an installed vLLM.
+    """
+    try:
+        if lib:
+            torch.ops.load_library(lib)
+        elif not hasattr(torch.ops._C, "top_k_per_row_prefill"):
+            import vllm._C  # noqa: F401 - registers torch.ops._C
+        op = torch.ops._C.top_k_per_row_prefill
+    except Exception as exc:  # noqa: BLE001 - any load failure is a reason to skip
+        return None, f"vllm: {type(exc).__name__}: {str(exc)[:60]}"
+
+    def fn(logits, starts_rel, lengths, topk, out):
+        starts = starts_rel.to(torch.int32)
+        ends = (starts_rel + lengths).to(torch.int32)
+        # it writes row r at indices + r * topk: a row-strided out gets a contiguous buffer
+        dst = out if out.is_contiguous() else torch.empty_like(out)
+        op(logits, starts, ends, dst, logits.shape[0], logits.stride(0), logits.stride(1), topk)
+        if dst is not out:
+            out.copy_(dst)
+
+    return fn, ""
+
+
+def anchor_topks(device: torch.device, vllm_lib: str | None = None) -> tuple[dict, dict]:
+    """Other libraries' ragged top-k, to time beside ours: ``(found, missing)``, ``found``
+    mapping a label to ``fn(logits, starts_rel, lengths, topk, out)`` and ``missing`` a label
+    to why it is left out."""
+    if device.type != "cuda":
+        return {}, {"flashinfer": "cuda only", "vllm": "cuda only"}
+    found, missing = {}, {}
+    fi, why = flashinfer_topk(1)
+    if fi is None:
+        missing["flashinfer"] = why
+    else:
+        found["flashinfer"] = fi
+        found["flashinfer any-tie"] = flashinfer_topk(0)[0]
+    vl, why = vllm_topk(vllm_lib)
+    if vl is None:
+        missing["vllm"] = why
+    else:
+        found["vllm"] = vl
+    return found, missing
+
+
 def _same(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.sort(1).values == b.sort(1).values).all(1).float().mean().item()
+
+
+def same_values(logits: torch.Tensor, starts: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> float:
+    """Fraction of rows where ``a`` selects the values ``b`` selects, each key once.
+
+    Two valid top-k sets of a row differ only among keys tied at the k-th value, so equal
+    sorted values and no index twice mean ``a`` is right whatever its tie rule (with ``b``
+    a valid top-k); a missing key (``-1``) counts as ``-inf``, and NaNs equal NaNs.
+
+    Args:
+        logits: float32 ``[M, W]``.
+        starts: int ``[M]``: each row's window start, the column its index 0 reads.
+        a, b: int32 ``[M, k]`` indices relative to ``starts``, ``-1`` padded.
+    """
+    def values(t):
+        v = logits.gather(1, (t.long() + starts.long()[:, None]).clamp(0, logits.shape[1] - 1))
+        return torch.where(t >= 0, v, torch.full_like(v, float("-inf"))).sort(1).values  # NaNs sort last
+
+    va, vb = values(a), values(b)
+    sa = a.sort(1).values
+    twice = ((sa[:, 1:] == sa[:, :-1]) & (sa[:, 1:] >= 0)).any(1)
+    return (((va == vb) | (va.isnan() & vb.isnan())).all(1) & ~twice).float().mean().item()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
 
     device = torch.device(args.device)
     bw = copy_bandwidth(device) if device.type == "cuda" else None
-    fi, fi_reason = flashinfer_topk() if device.type == "cuda" else (None, "cuda only")
+    anchors, missing = anchor_topks(device, args.vllm_topk_lib)
     no_triton = tk.launch_reasons(device)
     have_triton = not no_triton
     if no_triton:
@@ -143,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tune and have_triton and device.type == "cuda":
         tuned = _tune(args, device)
     if args.dist:
-        rows = distributions(args, device, bw if bw else None)
+        rows = distributions(args, device, bw if bw else None, anchors)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(dict(copy_bytes_per_ms=bw, dist=rows), f, indent=1)
@@ -163,9 +244,12 @@ def run(args: argparse.Namespace) -> int:
             ms = median_ms(fn, device, warmup=1, repeats=args.repeats)
             queued = queued_median_ms(fn, device, warmup=1, repeats=args.repeats)
             host_us = host_ms(fn, device) * 1e3 if host else None
+            if out is not None:
+                out.fill_(-2)
             fn()
             rows.append(dict(base, method=method, ms=ms, queued_ms=queued, host_us=host_us,
                              same=_same(out, ref) if out is not None else None,
+                             same_values=same_values(logits, starts, out, ref) if out is not None else None,
                              x_floor=ms / floor if floor else None, x_floor_queued=queued / floor if floor else None,
                              note=note))
 
@@ -188,15 +272,13 @@ def run(args: argparse.Namespace) -> int:
                 add("triton, JIT launches", lambda: ragged_topk(logits, starts, lengths, k, out, config=tuned,
                                                                  direct_launch=False),
                     out, host=True)
-        if fi is not None:
-            for tie_break, label in ((1, "flashinfer"), (0, "flashinfer any-tie")):
-                fn = flashinfer_topk(tie_break)[0]
-                try:
-                    add(label, lambda: fn(logits, starts, lengths, k, out), out)
-                except Exception as exc:  # noqa: BLE001 - a failing call is a row, not a crash
-                    rows.append(dict(base, method=label, note=f"{type(exc).__name__}: {str(exc)[:60]}"))
-        else:
-            rows.append(dict(base, method="flashinfer", note=fi_reason))
+        for label, fn in anchors.items():
+            try:
+                add(label, lambda fn=fn: fn(logits, starts, lengths, k, out), out)
+            except Exception as exc:  # noqa: BLE001 - a failing call is a row, not a crash
+                rows.append(dict(base, method=label, note=f"{type(exc).__name__}: {str(exc)[:60]}"))
+        for label, why in missing.items():
+            rows.append(dict(base, method=label, note=why))
         torch_ms = next(r["ms"] for r in rows if r["N"] == n and r["method"] == "torch.topk")
         for r in rows:
             if r["N"] == n and r.get("ms"):
@@ -207,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
     cols = [("N", "keys N", "d"), ("M", "rows M", "d"), ("method", "top-k", "s"), ("ms", "ms", ".3f"),
             ("queued_ms", "queued ms", ".3f"), ("host_us", "host us", ".0f"), ("speedup", "vs torch.topk", ".2f"),
             ("floor_ms", "floor ms", ".3f"), ("x_floor", "x floor", ".2f"), ("x_floor_queued", "queued x floor", ".2f"),
-            ("same", "same set", ".1%"), ("note", "note", "s")]
+            ("same", "same set", ".1%"), ("same_values", "same values", ".1%"), ("note", "note", "s")]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     bw_text = f", copy bandwidth {bw / 1e9:.2f} TB/s" if bw else ""
     print(f"bench topk: topk={k} H={args.heads} D={args.head_dim} on {device} ({name}){bw_text}, "
@@ -240,7 +322,8 @@ def distributions(args: argparse.Namespace, device: torch.device, bw: float | No
             ("ms", "ms", ".3f"), ("queued_ms", "queued ms", ".3f"), ("graph_ms", "graph ms", ".3f"),
             ("speedup", "vs torch.topk", ".2f"), ("graph_speedup", "graph vs torch.topk", ".2f"),
             ("floor_ms", "floor ms", ".3f"), ("x_floor", "x floor", ".2f"), ("x_floor_graph", "graph x floor", ".2f"),
-            ("over_floor_graph_us", "graph over floor us", ".0f"), ("same", "same set", ".0%"), ("note", "paths", "s")]
+            ("over_floor_graph_us", "graph over floor us", ".0f"), ("same", "same set", ".0%"),
+            ("same_values", "same values", ".0%"), ("note", "paths", "s")]
     todo = [(name, n, m) for n in int_list(args.context) for m in int_list(args.dist_rows) for name in names
             if m * n * 4 <= args.max_gib * 2**30]
     for i, (name, n, m) in enumerate(todo):
@@ -257,7 +340,8 @@ def distributions(args: argparse.Namespace, device: torch.device, bw: float | No
     bw_text = f", copy bandwidth {bw / 1e9:.2f} TB/s" if bw else ""
     print(f"bench topk --dist: topk={k}, whole-row windows, on {device} ({name}){bw_text}, median of {args.repeats} "
           f"(ms: a synchronize around each call; queued: back to back; graph: replayed from a CUDA graph, device time "
-          f"alone); same set: {args.check_rows} rows checked against the torch path (lowest-index ties)")
+          f"alone); same set: {args.check_rows} rows checked against the torch path (lowest-index ties); same values: "
+          f"the same rows' selected values (any tie order)")
     print(table(out_rows, cols))
     return out_rows
 
@@ -288,7 +372,8 @@ def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float
         out.fill_(-2)
         fn()
         r = dict(base, method=method, ms=ms, queued_ms=queued, graph_ms=graph, note=note,
-                 same=_same(out[check], ref) if same else None)
+                 same=_same(out[check], ref) if same else None,
+                 same_values=same_values(logits[check], starts[check], out[check], ref) if same else None)
         if floor:
             r.update(x_floor=ms / floor, over_floor_us=(ms - floor) * 1e3)
             if graph is not None:
@@ -322,7 +407,10 @@ def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float
         found.append(add("triton, every row on the fallback", lambda: ragged.ragged_topk(logits, starts, lengths, k,
                                                                                        out, config=forced)))
     for label, fn in (extra or {}).items():
-        found.append(add(label, lambda fn=fn: fn(logits, starts, lengths, k, out)))
+        try:
+            found.append(add(label, lambda fn=fn: fn(logits, starts, lengths, k, out)))
+        except Exception as exc:  # noqa: BLE001 - a failing call is a row, not a crash
+            out_rows.append(dict(base, method=label, note=f"{type(exc).__name__}: {str(exc)[:60]}"))
     for r in [torch_row, *found]:
         r["speedup"] = torch_row["ms"] / r["ms"]
         if r.get("graph_ms") and torch_row.get("graph_ms"):
