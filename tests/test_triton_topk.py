@@ -255,6 +255,18 @@ def test_a_tie_larger_than_the_scratch_keeps_the_sampled_path(slices):
 DIST_SAMPLE = dict(piece=8, sparse=4, pieces=128, sample_max=1024, cap=2048)
 
 
+def _ragged_rows(dist, seed, n=20000):
+    """Four rows of ``dist`` logits, ``n`` keys wide, with whole, shifted, shortened and
+    short windows: ``(logits, masked, starts, lengths)``, ``masked`` holding ``-inf`` outside
+    each window (the torch path's CPU input)."""
+    logits = logits_like(dist, 4, n, seed=seed)
+    starts = torch.tensor([0, 1, 350, 1000])
+    lengths = torch.tensor([n, n - 1, n - 700, 15000])
+    col = torch.arange(n)
+    inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
+    return logits, torch.where(inside, logits, float("-inf")), starts, lengths
+
+
 @pytest.mark.parametrize("dist", LOGIT_DISTRIBUTIONS)
 @pytest.mark.parametrize("kw", [dict(), dict(presample=True), dict(slices=4), dict(slices=2, dynamic=True),
                                 dict(sample_jitter=True), dict(sample_jitter=True, slices=4),
@@ -263,13 +275,8 @@ def test_every_distribution_selects_the_torch_set_in_one_filtering_pass(dist, kw
     # ties (all equal, few distinct values, flat with outliers, ReLU zeros), ramps both ways,
     # a raised recent stretch, a sink at key 0: every row selects the torch set (lowest-index
     # ties) on the sampled path, whole rows and rows split across programs
-    rows, n, topk = 4, 20000, 200
-    logits = logits_like(dist, rows, n, seed=7)
-    starts = torch.tensor([0, 1, 350, 1000])
-    lengths = torch.tensor([n, n - 1, n - 700, 15000])
-    col = torch.arange(n)
-    inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
-    masked = torch.where(inside, logits, float("-inf"))
+    rows, topk = 4, 200
+    logits, masked, starts, lengths = _ragged_rows(dist, seed=7)
     stats = _check(logits.to(DEVICE), masked, starts, lengths, topk, **dict(DIST_SAMPLE, **kw))
     assert stats[TC.STAT_SAMPLED] == rows, stats
 
@@ -738,16 +745,11 @@ def test_the_sample_kernels_sample_thins_past_the_filters_own():
 def test_a_thinned_sample_selects_the_torch_set(dist):
     # the sample kernel's runs thinned to one key in 64 past the filter's own 16 runs: 64 runs
     # of 8 keys where one key in 4 would take 128 (sample_max); ragged rows, ties, ramps
-    rows, n, topk = 4, 20000, 200
+    topk = 200
     kw = dict(DIST_SAMPLE, pieces=16, sample_sparse=64, presample=True)
     c = dataclasses.replace(TC.DEFAULT_CONFIG, **kw)
-    assert TC.sample_runs(n, c.piece, c.sparse, c.sample_max, c.pieces, c.sample_sparse) == 64
-    logits = logits_like(dist, rows, n, seed=11)
-    starts = torch.tensor([0, 1, 350, 1000])
-    lengths = torch.tensor([n, n - 1, n - 700, 15000])
-    col = torch.arange(n)
-    inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
-    masked = torch.where(inside, logits, float("-inf"))
+    assert TC.sample_runs(20000, c.piece, c.sparse, c.sample_max, c.pieces, c.sample_sparse) == 64
+    logits, masked, starts, lengths = _ragged_rows(dist, seed=11)
     _check_all_stats(logits.to(DEVICE), masked, starts, lengths, topk, **kw)
 
 
