@@ -31,11 +31,15 @@ def _worker(rank: int, world: int, backend: str, init_file: str, fn: Callable, a
         if backend == "nccl":
             torch.cuda.set_device(rank)
         dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
-        # gloo's mesh set-up can end on one rank while a peer still finishes its side: a rank
-        # whose fn returns (or raises) at once would then close its sockets under that peer,
-        # which fails in init_process_group instead of reporting fn's own outcome
-        dist.barrier(device_ids=[rank]) if backend == "nccl" else dist.barrier()
         try:
+            # every rank has joined before any runs fn: gloo's mesh set-up can end on one rank
+            # while a peer still finishes its side, and a rank whose fn returns (or raises) at
+            # once would close its sockets under that peer, which then fails in
+            # init_process_group instead of reporting fn's own outcome
+            if backend == "nccl":
+                dist.barrier(device_ids=[rank])
+            else:
+                dist.barrier()
             result = fn(rank, world, *args)
         finally:
             dist.destroy_process_group()

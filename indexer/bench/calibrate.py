@@ -160,7 +160,14 @@ def exchange_fit(nbytes: list[int], per_rank: list[list[list[float]]]) -> tuple[
 
     Returns:
         ``(ms, fixed_ms, per_byte_ms)``: the time kept per size and the least-squares line.
+
+    Raises:
+        ValueError: The ranks' lists differ in shape, or do not hold one list per size.
     """
+    shapes = {tuple(len(t) for t in rank) for rank in per_rank}
+    if len(shapes) != 1 or len(next(iter(shapes))) != len(nbytes) or 0 in next(iter(shapes)):
+        raise ValueError(f"per_rank must hold {len(nbytes)} sizes of the same number (>= 1) of rounds on every "
+                         f"rank, got rounds per size {sorted(shapes)}")
     ms = [min(max(rank[s][i] for rank in per_rank) for i in range(len(per_rank[0][s]))) for s in range(len(nbytes))]
     x = torch.tensor([[float(b), 1.0] for b in nbytes], dtype=torch.float64)
     y = torch.tensor([[t] for t in ms], dtype=torch.float64)

@@ -12,9 +12,9 @@ block, in one process, each phase timed with CUDA events after warm-up (median o
   lowest-index tie rule (``tie_break=1``, ours) and with any tie order (``tie_break=0``);
 * ``vllm``: vLLM's ``top_k_per_row_prefill`` (the op vLLM's indexer runs after DeepGEMM's
   logits), as registered in the process, from an installed vLLM (``vllm._C``), or from a
-  library built from its source and given by ``--vllm-topk-lib``. Its ties at the k-th value go to whichever key its atomics reach
-  first, so beside ``same set`` every row gets ``same values``: rows whose selected values
-  equal the torch path's, no index twice (a valid top-k under any tie order).
+  library built from its source and given by ``--vllm-topk-lib``. Its ties at the k-th
+  value go to whichever key its atomics reach first, so beside ``same set`` every row gets
+  ``same values`` (:func:`same_values`: a valid top-k under any tie order).
 
 ``floor`` is the bandwidth floor: bytes of valid logits (sum of row lengths x 4) over the
 copy bandwidth measured in the same run (a device-to-device copy, bytes read + written over
@@ -152,7 +152,7 @@ def vllm_topk(lib: str | None = None):
         starts = starts_rel.to(torch.int32)
         ends = (starts_rel + lengths).to(torch.int32)
         # it writes row r at indices + r * topk: a row-strided out gets a contiguous buffer
-        dst = out if out.is_contiguous() else torch.empty_like(out)
+        dst = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
         op(logits, starts, ends, dst, logits.shape[0], logits.stride(0), logits.stride(1), topk)
         if dst is not out:
             out.copy_(dst)
@@ -185,16 +185,20 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.sort(1).values == b.sort(1).values).all(1).float().mean().item()
 
 
-def same_values(logits: torch.Tensor, starts: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> float:
+def same_values(logits: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, a: torch.Tensor,
+                b: torch.Tensor) -> float:
     """Fraction of rows where ``a`` selects the values ``b`` selects, each key once.
 
     Two valid top-k sets of a row differ only among keys tied at the k-th value, so equal
-    sorted values and no index twice mean ``a`` is right whatever its tie rule (with ``b``
-    a valid top-k); a missing key (``-1``) counts as ``-inf``, and NaNs equal NaNs.
+    sorted values mean ``a`` is right whatever its tie rule (``b`` being a valid top-k). A
+    row of ``a`` fails where it holds an index twice, an index outside its window, or a
+    negative index other than the ``-1`` padding (a slot left unwritten). ``-1`` counts as
+    ``-inf``; NaNs equal NaNs.
 
     Args:
         logits: float32 ``[M, W]``.
         starts: int ``[M]``: each row's window start, the column its index 0 reads.
+        lengths: int ``[M]``: keys in each row's window.
         a, b: int32 ``[M, k]`` indices relative to ``starts``, ``-1`` padded.
     """
     def values(t):
@@ -204,7 +208,8 @@ def same_values(logits: torch.Tensor, starts: torch.Tensor, a: torch.Tensor, b: 
     va, vb = values(a), values(b)
     sa = a.sort(1).values
     twice = ((sa[:, 1:] == sa[:, :-1]) & (sa[:, 1:] >= 0)).any(1)
-    return (((va == vb) | (va.isnan() & vb.isnan())).all(1) & ~twice).float().mean().item()
+    outside = ((a < -1) | (a >= lengths.to(a.device)[:, None])).any(1)
+    return (((va == vb) | (va.isnan() & vb.isnan())).all(1) & ~twice & ~outside).float().mean().item()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -249,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
             fn()
             rows.append(dict(base, method=method, ms=ms, queued_ms=queued, host_us=host_us,
                              same=_same(out, ref) if out is not None else None,
-                             same_values=same_values(logits, starts, out, ref) if out is not None else None,
+                             same_values=same_values(logits, starts, lengths, out, ref) if out is not None else None,
                              x_floor=ms / floor if floor else None, x_floor_queued=queued / floor if floor else None,
                              note=note))
 
@@ -373,7 +378,8 @@ def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float
         fn()
         r = dict(base, method=method, ms=ms, queued_ms=queued, graph_ms=graph, note=note,
                  same=_same(out[check], ref) if same else None,
-                 same_values=same_values(logits[check], starts[check], out[check], ref) if same else None)
+                 same_values=(same_values(logits[check], starts[check], lengths[check], out[check], ref)
+                              if same else None))
         if floor:
             r.update(x_floor=ms / floor, over_floor_us=(ms - floor) * 1e3)
             if graph is not None:
