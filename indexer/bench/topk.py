@@ -106,6 +106,11 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5
     return 2 * nbytes / ms
 
 
+def _why(exc: BaseException) -> str:
+    # an exception as a table cell: its type and the start of its message
+    return f"{type(exc).__name__}: {str(exc)[:60]}"
+
+
 def flashinfer_topk(tie_break: int = 1):
     """FlashInfer's ragged top-k as ``fn(logits, starts_rel, lengths, topk, out)`` (row-relative
     indices like ours), or ``(None, reason)`` where it does not import. ``tie_break=1`` asks
@@ -113,7 +118,7 @@ def flashinfer_topk(tie_break: int = 1):
     try:
         from flashinfer import top_k_ragged_transform
     except Exception as exc:  # noqa: BLE001 - any import failure is a reason to skip
-        return None, f"flashinfer: {type(exc).__name__}: {str(exc)[:60]}"
+        return None, "flashinfer: " + _why(exc)
 
     def fn(logits, starts_rel, lengths, topk, out):
         rows, n = logits.shape
@@ -146,7 +151,7 @@ def vllm_topk(lib: str | None = None):
             import vllm._C  # noqa: F401 - registers torch.ops._C
         op = torch.ops._C.top_k_per_row_prefill
     except Exception as exc:  # noqa: BLE001 - any load failure is a reason to skip
-        return None, f"vllm: {type(exc).__name__}: {str(exc)[:60]}"
+        return None, "vllm: " + _why(exc)
 
     def fn(logits, starts_rel, lengths, topk, out):
         starts = starts_rel.to(torch.int32)
@@ -281,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 add(label, lambda fn=fn: fn(logits, starts, lengths, k, out), out)
             except Exception as exc:  # noqa: BLE001 - a failing call is a row, not a crash
-                rows.append(dict(base, method=label, note=f"{type(exc).__name__}: {str(exc)[:60]}"))
+                rows.append(dict(base, method=label, note=_why(exc)))
         for label, why in missing.items():
             rows.append(dict(base, method=label, note=why))
         torch_ms = next(r["ms"] for r in rows if r["N"] == n and r["method"] == "torch.topk")
@@ -416,7 +421,7 @@ def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float
         try:
             found.append(add(label, lambda fn=fn: fn(logits, starts, lengths, k, out)))
         except Exception as exc:  # noqa: BLE001 - a failing call is a row, not a crash
-            out_rows.append(dict(base, method=label, note=f"{type(exc).__name__}: {str(exc)[:60]}"))
+            out_rows.append(dict(base, method=label, note=_why(exc)))
     for r in [torch_row, *found]:
         r["speedup"] = torch_row["ms"] / r["ms"]
         if r.get("graph_ms") and torch_row.get("graph_ms"):
