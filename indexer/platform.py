@@ -198,6 +198,16 @@ def platform_key(device: torch.device | str) -> str:
     return RocmPlatform.key if torch.version.hip else CudaPlatform.key
 
 
+def indexed_device(device: torch.device | str) -> torch.device:
+    """``device`` with its index: ``"cuda"`` names the current GPU (``cuda:N``), as the
+    tensors made there report it, so that it compares equal to their device; other devices
+    as given."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def gpu_platform_class() -> type[Platform]:
     """The GPU platform class of this torch build (:class:`RocmPlatform` on a ROCm build,
     else :class:`CudaPlatform`)."""

@@ -11,6 +11,8 @@ from typing import NamedTuple
 
 import torch
 
+from .platform import indexed_device
+
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 """fp8 formats accepted for ``q`` and ``k`` (e4m3fnuz is MI300's native format)."""
 
@@ -190,9 +192,7 @@ def make_problem(
     if row_ends.numel() != row_starts.numel():
         raise ValueError(f"row_ends must have shape [M] = [{row_starts.numel()}] (from row_starts), got "
                          f"{list(row_ends.shape)}")
-    device = torch.device(device) if device is not None else row_starts.device
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = indexed_device(device) if device is not None else row_starts.device
     for name, t in (("row_starts", row_starts), ("row_ends", row_ends)):
         if t.device.type != "cpu" and t.device != device:
             raise ValueError(f"{name} is on {t.device}: give the bounds on the host or on {device}")

@@ -110,3 +110,17 @@ def test_platform_classes():
     assert CudaPlatform(arch="sm90").is_hopper()
     assert CudaPlatform().backend_priority[0] == "deepgemm"
     assert RocmPlatform().backend_priority[0] == "aiter"
+
+
+def test_indexed_device_names_the_current_gpu(monkeypatch):
+    # "cuda" is the current GPU with its index (tensors made there report cuda:N, and a
+    # device without the index compares unequal to theirs); an indexed or CPU device stays
+    import torch
+
+    from indexer.platform import indexed_device
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert indexed_device("cuda") == torch.device("cuda", 3)
+    assert indexed_device(torch.device("cuda")) == torch.device("cuda", 3)
+    assert indexed_device("cuda:1") == torch.device("cuda", 1)
+    assert indexed_device("cpu") == torch.device("cpu")

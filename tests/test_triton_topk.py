@@ -1346,3 +1346,18 @@ def test_split_fallback_plans_only_what_its_scratch_and_offsets_hold():
     assert TC.fallback_launch(2048, 8192, 1 << 21, 32768, 16384)["BUF"] == TC.FALLBACK_BUFFER
     assert TC.fallback_launch(2048, 256, 1 << 20, 32768, 16384)["BUF"] == 64
     assert TC.fallback_launch(2048, 8192, 1 << 20, 32768, 16384, buffer=0)["BUF"] == 0
+
+
+def test_ragged_topk_object_takes_a_device_named_without_its_index():
+    # RaggedTopk("cuda", ...) with the bounds on the current GPU (cuda:N): the device is the
+    # bounds' device, and the object selects the torch path's sets
+    name = "cuda" if DEVICE == "cuda" else "cpu"
+    logits, masked, starts, lengths = _case(6, 700, 24, seed=5, min_length=100)
+    starts, lengths = starts.to(DEVICE), lengths.to(DEVICE)
+    run = T.RaggedTopk(name, 6, 700, starts, lengths, 24, config=_cfg(cap=256, **SMALL_SAMPLE))
+    assert run.device == starts.device
+    got = torch.empty(6, 24, dtype=torch.int32, device=DEVICE)
+    run(logits, got)
+    want = torch.empty(6, 24, dtype=torch.int32)
+    row_topk(masked, starts.cpu(), lengths.cpu(), 24, want)
+    assert torch.equal(got.cpu().sort(1).values, want.sort(1).values)

@@ -136,15 +136,13 @@ def _timed_run(way: dict, inp, device: torch.device) -> float:
 def run(args: argparse.Namespace) -> int:
     import indexer
     from .. import envs
-    from ..platform import platform_for_device, platform_key
+    from ..platform import indexed_device, platform_for_device, platform_key
     from ..problem import make_problem
     from ..synthetic import make_inputs
     from ..workspace import release_workspaces
 
-    device = torch.device(args.device)
+    device = indexed_device(args.device)
     cuda = device.type == "cuda"
-    if cuda and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
     platform = platform_for_device(device)
     try:
         shapes = [parse_shape(s) for s in (args.shapes or (_GPU_SHAPES if cuda else _CPU_SHAPES)).split(",")]

@@ -36,6 +36,7 @@ import time
 
 import torch
 
+from ..platform import indexed_device
 from .timing import capture, host_ms, int_list, median_ms, table
 
 WAYS = ("plan + run", "prefill_topk", "deepgemm + torch.topk")
@@ -156,9 +157,7 @@ def _rank_main(rank: int, world: int, cfg: dict) -> list[dict]:
     device = torch.device("cpu")
     if cuda:
         # a rank process uses GPU `rank`; one process, the device asked for
-        device = torch.device("cuda", rank) if world > 1 else torch.device(cfg["device"])
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = torch.device("cuda", rank) if world > 1 else indexed_device(cfg["device"])
         torch.cuda.set_device(device)
     group = None
     if world > 1:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import api
+from ..platform import indexed_device
 from ..step import StepPlan, plan as make_plan
 from .index_map import map_indices_
 from .vllm import key_scales
@@ -62,14 +63,6 @@ class IndexTransform:
             map_indices_(sel, table=self.page_table_1, table_rows=self.token_to_batch_idx)
 
 
-def _indexed(device) -> torch.device:
-    # "cuda" names the current GPU; tensors always carry the index
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
 def make_transform(kind: str, rows: int, row_starts: torch.Tensor, *, topk_indices_offset=None, page_table_1=None,
                    token_to_batch_idx=None, device=None) -> IndexTransform:
     """Check a transform's arguments (shapes, dtypes, devices) and build it.
@@ -84,7 +77,7 @@ def make_transform(kind: str, rows: int, row_starts: torch.Tensor, *, topk_indic
     Raises:
         ValueError: a bad kind, a missing or misshapen tensor, naming it.
     """
-    device = _indexed(device) if device is not None else row_starts.device
+    device = indexed_device(device) if device is not None else row_starts.device
     if kind not in TRANSFORMS:
         raise ValueError(f"transform must be one of {'|'.join(TRANSFORMS)}, got {kind!r}")
 
@@ -244,7 +237,7 @@ def plan_prefill(ks: torch.Tensor, ke: torch.Tensor, *, num_keys: int, heads: in
     Raises:
         ValueError: bounds, a transform or an option that does not fit.
     """
-    device = _indexed(device) if device is not None else ks.device
+    device = indexed_device(device) if device is not None else ks.device
     rows = ks.numel()
     t = make_transform(transform, rows, ks.to(device), topk_indices_offset=topk_indices_offset,
                        page_table_1=page_table_1, token_to_batch_idx=token_to_batch_idx, device=device)

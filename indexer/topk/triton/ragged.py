@@ -59,6 +59,7 @@ import dataclasses
 import torch
 
 from ... import envs as _envs
+from ...platform import indexed_device
 from .config import (
     FALLBACK_PROGRAMS_PER_SM, SECOND_PROGRAMS_PER_SM, STAT_RETRIED, STAT_SEEDED, STAT_SPLIT, TopkConfig, _check_stats,
     _index_vector, is_nvidia, _programs, plan_launches, auto_slices, launch_config, seeds_fallback,
@@ -158,7 +159,7 @@ class RaggedTopk:
                  direct_launch: bool | None = None):
         if triton is None:
             raise RuntimeError("triton is not importable")
-        device = torch.device(device)
+        device = indexed_device(device)
         if topk < 1:
             raise ValueError(f"topk must be at least 1, got {topk}")
         if starts_rel.numel() != rows or lengths.numel() != rows:
