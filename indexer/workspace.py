@@ -22,6 +22,8 @@ import threading
 
 import torch
 
+from .platform import indexed_device
+
 log = logging.getLogger("indexer")
 
 MAX_CHUNK_BYTES = 2**31 - 1
@@ -53,7 +55,8 @@ def logits_workspace(device: torch.device, numel: int, budget_bytes: int) -> tor
             backend sizes its chunks honestly).
         budget_bytes: The byte budget the workspace is sized by.
     """
-    device = torch.device(device)
+    # ("cuda" and "cuda:0" are one workspace)
+    device = indexed_device(device)
     key = (device, _owner(device))
     with _lock:
         held = _buffers.get(key)
@@ -73,7 +76,8 @@ def scratch_workspace(device: torch.device, numel: int) -> torch.Tensor:
     """An int64 ``[numel]`` view of the device's top-k scratch (contents undefined), kept
     beside the logits workspace, per device and stream like it. It only grows: a larger need
     takes a new block (plans that hold the old one keep it until they are dropped)."""
-    device = torch.device(device)
+    # ("cuda" and "cuda:0" are one workspace)
+    device = indexed_device(device)
     key = (device, _owner(device))
     with _lock:
         held = _scratch.get(key)

@@ -255,6 +255,21 @@ def test_top_k_scratch_lives_beside_the_logits_workspace(monkeypatch):
     workspace.release_workspaces()
 
 
+@pytest.mark.cuda
+def test_gpu_one_workspace_whether_the_device_is_named_with_its_index_or_not():
+    # "cuda" is the current GPU: the same logits workspace and scratch as "cuda:N", not a
+    # second block of the budget's size
+    from indexer import workspace
+
+    workspace.release_workspaces()
+    here = torch.device("cuda", torch.cuda.current_device())
+    a = workspace.logits_workspace("cuda", 16, 2**20)
+    b = workspace.logits_workspace(here, 16, 2**20)
+    assert a.data_ptr() == b.data_ptr() and len(workspace.logits_buffers()) == 1
+    assert workspace.scratch_workspace("cuda", 16).data_ptr() == workspace.scratch_workspace(here, 16).data_ptr()
+    workspace.release_workspaces()
+
+
 def test_plan_says_what_it_decided():
     s, e, n = _bounds()
     plan = _plan(s, e, n, max_logits_mb=0.01)
