@@ -113,8 +113,11 @@ def prefill_topk_with_info(
     # a plan is reused by later calls with the same bounds and settings (the layers of a
     # step), except where each call must run the ranks' consistency check
     reuse = group is None or not envs.value("CHECK_CONSISTENCY", platform_for_device(problem.device).key)
+    # the plan outlives this call: it must not read the caller's bound tensors (their owner
+    # may overwrite them before a later call with equal bounds reuses it)
     step = cached_plan(problem, group, options, lambda: StepPlan(
-        problem, group=group, check_values="off", **options), reuse)  # validate checked the values already
+        problem.owning_bounds() if reuse else problem, group=group, check_values="off", **options),
+        reuse)  # validate checked the values already
     result = step._run(inputs, out, _Clock(problem.device) if timing else None)
     # a copy: a later call reusing the plan writes its own timings into the plan's info
     return result, dataclasses.replace(step.info)

@@ -283,7 +283,7 @@ COST_MODEL_FILE = _declare(
         str,
         "",
         "JSON file of calibrated per-backend cost models (written by 'python -m indexer "
-        "bench calibrate', read by the planner). Empty: ~/.cache/indexer/cost_model.json.",
+        "bench calibrate', read by the planner). Empty: $XDG_CACHE_HOME/indexer/cost_model.json (XDG_CACHE_HOME defaulting to ~/.cache).",
         type_name="path",
         rule="a file path",
     )

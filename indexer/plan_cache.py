@@ -5,7 +5,10 @@ every layer of a step. Planning costs milliseconds on the host (the chunk table,
 tensors, the top-k launches), so each call looks here first: a call with the same row bounds
 (compared element by element on the host), shapes, fp8 dtype, device, CUDA stream, group,
 keyword settings, ``INDEXER_*`` environment and registered backends as a recent one runs that call's plan. A plan
-gives the same table whichever call made it, so reuse changes the time only.
+gives the same table whichever call made it, so reuse changes the time only. The cache holds
+the :data:`SIZE` plans used last, several of one shape where their bounds differ (the chunk
+groups of one step); a cached plan keeps copies of its bounds, so a caller may overwrite its
+bound tensors once a call has returned.
 
 Not reused: calls on a group with ``INDEXER_CHECK_CONSISTENCY`` on (the check is a
 collective that every rank must make at every call, whether its own plan was cached or not).
@@ -15,6 +18,7 @@ of the workspaces.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 from typing import Callable
@@ -30,7 +34,10 @@ SIZE = 4
 """Plans kept (least recently used dropped first): a few distinct steps in flight."""
 
 _lock = threading.Lock()
-_plans: OrderedDict[tuple, object] = OrderedDict()  # key -> plan (its problem holds the bounds)
+# entry number -> (key, plan), least recently used first; one key (shapes and settings) may
+# have several entries, one per distinct row bounds (its plan's problem holds them)
+_plans: OrderedDict[int, tuple[tuple, object]] = OrderedDict()
+_numbers = itertools.count()
 
 
 def _key(problem: Problem, group: object | None, options: tuple) -> tuple:
@@ -48,22 +55,22 @@ def cached_plan(problem: Problem, group: object | None, options: dict, make: Cal
         problem: The call's validated problem (host bounds in ``starts_host``/``ends_host``).
         group: The call's process group or ``None``.
         options: The call's keyword settings (hashable values).
-        make: Builds the plan on a miss (a :class:`indexer.StepPlan` of ``problem``).
+        make: Builds the plan on a miss (a :class:`indexer.StepPlan` of ``problem``, with
+            bounds of its own: :meth:`indexer.problem.Problem.owning_bounds`).
         reuse: ``False`` plans afresh and keeps nothing.
     """
     if not reuse:
         return make()
     key = _key(problem, group, tuple(sorted(options.items())))
     with _lock:
-        hit = _plans.get(key)
-        if (hit is not None and torch.equal(hit.problem.starts_host, problem.starts_host)
-                and torch.equal(hit.problem.ends_host, problem.ends_host) and is_registered_instance(hit.backend)):
-            _plans.move_to_end(key)
-            return hit
+        for number, (k, hit) in reversed(_plans.items()):
+            if (k == key and torch.equal(hit.problem.starts_host, problem.starts_host)
+                    and torch.equal(hit.problem.ends_host, problem.ends_host) and is_registered_instance(hit.backend)):
+                _plans.move_to_end(number)
+                return hit
     plan = make()
     with _lock:
-        _plans[key] = plan
-        _plans.move_to_end(key)
+        _plans[next(_numbers)] = (key, plan)
         while len(_plans) > SIZE:
             _plans.popitem(last=False)
     return plan

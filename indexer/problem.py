@@ -6,6 +6,8 @@ kernel runs, and nothing the caller passed is written.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -55,12 +57,52 @@ class Problem:
         return (self.num_rows, self.num_keys, self.num_heads, self.head_dim, self.topk)
 
     def key_range(self) -> tuple[int, int]:
-        """``[lo, hi)``: the keys some row can read (the least start and the largest end of
-        the non-empty rows; ``(0, 0)`` when every row is empty)."""
+        """``[lo, hi)``: the least start and the largest end of the non-empty rows, the span
+        of :meth:`key_spans` (``(0, 0)`` when every row is empty)."""
+        spans = self.key_spans
+        return (spans[0][0], spans[-1][1]) if spans else (0, 0)
+
+    @functools.cached_property
+    def key_spans(self) -> tuple[tuple[int, int], ...]:
+        """The keys some row reads: the union of the non-empty rows' windows as disjoint
+        ``(lo, hi)`` spans in key order (one span where the windows leave no gap, as the rows
+        of causal requests packed end to end do). Computed once, from the host bounds."""
         nonempty = self.ends_host > self.starts_host
-        if not bool(nonempty.any()):
-            return 0, 0
-        return int(self.starts_host[nonempty].min()), int(self.ends_host[nonempty].max())
+        starts, ends = self.starts_host[nonempty], self.ends_host[nonempty]
+        if not starts.numel():
+            return ()
+        if starts.numel() > 1 and not bool((starts[1:] >= starts[:-1]).all()):
+            starts, order = torch.sort(starts, stable=True)
+            ends = ends[order]
+        reach = torch.cummax(ends, 0).values
+        # a gap before row i: it starts past every earlier row's end
+        cuts = (torch.nonzero(starts[1:] > reach[:-1]).flatten() + 1).tolist()
+        firsts = [0, *cuts]
+        lasts = [c - 1 for c in cuts] + [starts.numel() - 1]
+        return tuple((int(starts[a]), int(reach[b])) for a, b in zip(firsts, lasts))
+
+    @functools.cached_property
+    def read_keys(self) -> torch.Tensor | None:
+        """bool ``[hi - lo]`` on ``device`` over :meth:`key_range`: whether a row reads each
+        key, where the rows' windows leave gaps in it; ``None`` where they do not (made at the
+        first use, then kept)."""
+        spans = self.key_spans
+        if len(spans) < 2:
+            return None
+        lo, hi = spans[0][0], spans[-1][1]
+        mask = torch.zeros(hi - lo, dtype=torch.bool)
+        for a, b in spans:
+            mask[a - lo : b - lo] = True
+        if self.device.type == "cuda":
+            mask = mask.pin_memory()  # so the copy does not wait for the device
+        return mask.to(self.device, non_blocking=True)
+
+    def owning_bounds(self) -> "Problem":
+        """This problem with device bounds of its own: :func:`make_problem` uses device int32
+        bounds in place (so that :meth:`indexer.StepPlan.update_bounds` sees them), which a
+        plan kept for other calls (the plan cache) must not, since their owner may overwrite
+        them."""
+        return dataclasses.replace(self, row_starts=self.row_starts.clone(), row_ends=self.row_ends.clone())
 
 
 class LayerInputs(NamedTuple):
@@ -107,7 +149,8 @@ def _int(x: object, name: str, least: int) -> int:
 def _host_bounds(row_starts: torch.Tensor, row_ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """int64 CPU copies of the bounds: free for host tensors, one copy (a sync) for device ones."""
     if row_starts.device.type == "cpu" and row_ends.device.type == "cpu":
-        return row_starts.to(torch.int64), row_ends.to(torch.int64)
+        # copies even of int64 tensors: the plan keeps these, the caller may overwrite its own
+        return row_starts.to(torch.int64, copy=True), row_ends.to(torch.int64, copy=True)
     if row_starts.numel() == 0:
         empty = torch.zeros(0, dtype=torch.int64)
         return empty, empty
@@ -147,6 +190,21 @@ def check_bounds(starts_host: torch.Tensor, ends_host: torch.Tensor, n: int) -> 
             f"row_starts must be <= row_ends; row {i} has row_starts = {int(starts_host[i])} "
             f"> row_ends = {int(ends_host[i])}"
         )
+
+
+def _device_arg(device: object) -> torch.device:
+    """The ``device`` argument as a torch device with its index, or a ValueError naming it."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device must name a torch device (such as 'cuda:0' or 'cpu'), got {device!r}") from exc
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            raise ValueError(f"device is {device!r} but this torch ({torch.__version__}) sees no CUDA or ROCm GPU")
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(f"device is {device!r} but this torch sees {count} GPU(s) (cuda:0-cuda:{count - 1})")
+    return indexed_device(dev)
 
 
 def make_problem(
@@ -192,7 +250,7 @@ def make_problem(
     if row_ends.numel() != row_starts.numel():
         raise ValueError(f"row_ends must have shape [M] = [{row_starts.numel()}] (from row_starts), got "
                          f"{list(row_ends.shape)}")
-    device = indexed_device(device) if device is not None else row_starts.device
+    device = _device_arg(device) if device is not None else row_starts.device
     for name, t in (("row_starts", row_starts), ("row_ends", row_ends)):
         if t.device.type != "cpu" and t.device != device:
             raise ValueError(f"{name} is on {t.device}: give the bounds on the host or on {device}")
@@ -254,8 +312,8 @@ def check_inputs(problem: Problem, q: object, k: object, k_scale: object, weight
 
 def check_values(problem: Problem, inputs: LayerInputs, mode: str) -> None:
     """``k_scale`` and ``weights`` finite (NaN or inf scales make logits that no top-k can
-    rank), where a row can read them: ``k_scale`` over :meth:`Problem.key_range` only, so
-    stale bytes past every window (a shared key workspace) never raise.
+    rank), where a row can read them: ``k_scale`` at the keys of :attr:`Problem.key_spans`
+    only, so stale bytes outside every window (a shared key workspace) never raise.
 
     Args:
         mode: ``off``; ``async``, a device-side assert (no sync; a failure surfaces at the
@@ -265,10 +323,15 @@ def check_values(problem: Problem, inputs: LayerInputs, mode: str) -> None:
     if mode == "off":
         return
     lo, hi = problem.key_range()
+    read = problem.read_keys
     for name, t in (("k_scale", inputs.k_scale[lo:hi]), ("weights", inputs.weights)):
         if not t.numel():
             continue
-        ok = torch.isfinite(t).all()
+        finite = torch.isfinite(t)
+        if name == "k_scale" and read is not None:
+            # keys in the gaps between the rows' windows are read by no row
+            finite = finite | ~read
+        ok = finite.all()
         if mode == "async":
             torch._assert_async(ok, f"{name} must be finite (no NaN or inf)")
         elif not bool(ok):

@@ -370,7 +370,7 @@ class StepPlan:
         (``0 <= row_starts <= row_ends <= N``) before anything is copied.
         Plan a size bucket with every row at its widest window to reuse it across steps.
         The row split stays the planned one (any split gives the same sets), and value checks
-        keep looking at the planned key range.
+        keep looking at the keys of the planned windows.
         """
         p = self.problem
         new = (("row_starts", row_starts, p.row_starts), ("row_ends", row_ends, p.row_ends))
@@ -409,6 +409,8 @@ class StepPlan:
         if i.notes:
             parts.append("; ".join(i.notes))
         parts.append(f"rank {i.rank}/{i.world_size}: {i.reason}")
+        if i.gate and i.gate not in i.reason:
+            parts.append(f"gate: {i.gate}")
         widths = [c.width for c in self.chunks]
         parts.append(f"{i.chunks} chunk(s) ({i.compressed_chunks} compressed), widths "
                      f"{min(widths, default=0)}-{max(widths, default=0)}")

@@ -202,6 +202,20 @@ def test_plan_over_layers_equals_one_shot():
         _assert_table(buf, c, "paged")
 
 
+@pytest.mark.parametrize("transform", ["ragged", "paged"])
+def test_a_plan_keeps_the_bounds_it_was_made_with(transform):
+    # SGLang refills its metadata tensors for the next forward step
+    b = _batch(seed=3)
+    plan = isg.plan_prefill(b.ks, b.ke, num_keys=b.k_fp8.shape[0], heads=4, head_dim=32, topk=TOPK,
+                            **_kw(b, transform))
+    b.ks.zero_()
+    b.ke.fill_(1)
+    b = _batch(seed=3)  # the inputs (and bounds) as planned, for the check
+    buf = _buffer(b)
+    plan.run(b.q_fp8, b.k_fp8, b.k_scale, b.weights, buf)
+    _assert_table(buf, b, transform)
+
+
 @pytest.mark.parametrize("bad,match", [
     ("transform", "transform must be one of"),
     ("no_table", "needs page_table_1"),

@@ -127,6 +127,40 @@ def test_plan_once_run_every_layer_equals_the_one_shot_call():
         assert torch.equal(buf.sort(1).values, want.sort(1).values), layer
 
 
+def test_a_plan_reads_the_bounds_as_they_were_when_it_was_made():
+    # the metadata's owner refills its chunks' bound tensors for the next step (here with
+    # windows one key long); a plan made before keeps computing the planned step
+    step = _step(seed=6)
+    plan = iv.plan_prefill(step, heads=step.q.shape[1], head_dim=step.q.shape[2], topk=TOPK)
+    k_quant, k_scale = step.workspace()
+    want = _buffer(step)
+    plan.run(step.q, k_quant, k_scale, step.weights, want, gather=step.gather)
+    for chunk in step.chunks:
+        chunk.cu_seqlen_ke.copy_(chunk.cu_seqlen_ks + 1)
+    buf = _buffer(step)
+    plan.run(step.q, k_quant, k_scale, step.weights, buf, gather=step.gather)
+    assert torch.equal(buf, want)
+
+
+def test_non_finite_gathered_scales_name_the_rows_of_their_group():
+    # the scales exist only once a group is gathered: the groups before it are written
+    step = _step(seed=7)
+    k_quant, k_scale = step.workspace()
+    buf = _buffer(step)
+    second = step.chunks[1]
+
+    def gather(chunk, kq, ks):
+        step.gather(chunk, kq, ks)
+        if chunk is second:
+            ks.view(torch.float32)[3] = float("nan")  # a key the group's rows read
+
+    with pytest.raises(ValueError, match=r"rows \[305, 905\): k_scale must be finite"):
+        iv.prefill_topk(step, step.q, k_quant, k_scale, step.weights, buf, TOPK, gather=gather)
+    first = step.chunks[0]
+    assert_matches_naive(buf[first.token_start:first.token_end, :TOPK], _reference(step, first), TOPK)
+    assert (buf[second.token_start:] == -7).all()
+
+
 def test_key_scales_take_vllms_layouts_and_refuse_block_scales():
     scales = torch.rand(6) + 0.5
     as_bytes = scales.view(torch.uint8).reshape(6, 4)

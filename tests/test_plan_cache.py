@@ -119,3 +119,29 @@ def test_a_refused_call_keeps_nothing():
     with pytest.raises(ValueError, match="k_scale"):
         indexer.prefill_topk(inp.q, inp.k, bad, inp.weights, inp.row_starts, inp.row_ends, TOPK, backend="torch")
     assert plan_cache.cached_count() == 0
+
+
+def test_a_cached_plan_keeps_its_own_bounds_when_the_callers_tensors_are_overwritten():
+    # int32 bounds on the inputs' device are what a plan would use in place; the caller
+    # refills them (the next step's metadata), then calls again with the first bounds
+    inp = _inputs(0)
+    starts, ends = inp.row_starts.clone(), inp.row_ends.clone()
+    first = indexer.prefill_topk(inp.q, inp.k, inp.k_scale, inp.weights, starts, ends, TOPK, backend="torch")
+    starts.zero_()
+    ends.fill_(1)
+    again = indexer.prefill_topk(*inp.args(), TOPK, backend="torch")
+    assert plan_cache.cached_count() == 1  # the first call's plan, reused
+    assert torch.equal(again, first)
+    assert_matches_naive(again, inp, TOPK)
+
+
+def test_steps_of_one_shape_with_other_bounds_keep_a_plan_each(monkeypatch):
+    # two chunk groups of equal shape alternating over the layers of a step
+    made = _calls_planning(monkeypatch)
+    a = _inputs(0)
+    b = dataclasses.replace(a, row_starts=a.row_starts.flip(0).contiguous(), row_ends=a.row_ends.flip(0).contiguous())
+    for _ in range(3):
+        for inp in (a, b):
+            assert_matches_naive(indexer.prefill_topk(*inp.args(), TOPK, backend="torch"), inp, TOPK)
+    assert len(made) == 2
+    assert plan_cache.cached_count() == 2

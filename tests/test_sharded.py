@@ -378,6 +378,8 @@ def test_gate_without_calibrated_times_is_the_row_count(tmp_path):
     assert not small[1] and large[1]  # 70 rows < 512 x 2 <= 1100 rows
     assert small[2].startswith("row count") and "bench calibrate --exchange --tp 2" in small[2], small[2]
     assert large[2].startswith("row count: M=1100 >= min_rows_per_rank 512 x tp 2"), large[2]
+    for _, _, gate, text in (small, large):  # the plan's summary says which rule decided, and why
+        assert gate in text, (gate, text)
 
 
 def _bad_file_rank(rank, world, tmpdir, bad_rank):

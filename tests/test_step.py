@@ -13,7 +13,7 @@ from indexer.backends.base import Chunk, chunk_end, plan_chunks
 from indexer.backends.torch import TorchBackend
 from indexer.launch import run_ranks
 from indexer.problem import LayerInputs, validate
-from indexer.synthetic import make_inputs
+from indexer.synthetic import causal_bounds, make_inputs
 
 from conftest import sets_equal
 
@@ -177,6 +177,39 @@ def test_stale_scales_past_every_window_are_accepted_and_checked_only_where_read
         _plan(inp.row_starts, inp.row_ends, n, check_values="async").run(inp.q, k, bad, inp.weights)
     # off (a plan's default): no value read
     _plan(inp.row_starts, inp.row_ends, n).run(inp.q, k, bad, inp.weights)
+
+
+def test_stale_scales_in_a_gap_between_the_windows_are_accepted():
+    # two requests whose windows leave keys [150, 200) unread: a shared workspace's stale bytes
+    s0, e0, n0 = causal_bounds([150], [30])
+    s1, e1, _ = causal_bounds([100], [30])
+    starts, ends = torch.cat((s0, s1 + 200)), torch.cat((e0, e1 + 200))
+    n = 300
+    q, k, ks, w = _layer(5, 60, n)
+    plan = _plan(starts, ends, n, check_values="sync")
+    assert plan.problem.key_spans == ((0, n0), (200, n))
+    want = plan.run(q, k, ks, w)
+    stale = ks.clone()
+    stale[n0:200] = float("nan")
+    assert torch.equal(plan.run(q, k, stale, w), want)
+    assert torch.equal(_plan(starts, ends, n, check_values="async").run(q, k, stale, w), want)
+    assert torch.equal(indexer.prefill_topk(q, k, stale, w, starts, ends, TOPK), indexer.prefill_topk(
+        q, k, ks, w, starts, ends, TOPK))
+    for key in (n0 - 1, 200):  # the last key the first request reads, the first of the second
+        bad = stale.clone()
+        bad[key] = float("nan")
+        with pytest.raises(ValueError, match="k_scale must be finite"):
+            plan.run(q, k, bad, w)
+        with pytest.raises(ValueError, match="k_scale must be finite"):
+            indexer.prefill_topk(q, k, bad, w, starts, ends, TOPK)
+
+
+def test_key_spans_merge_overlapping_windows_in_any_row_order():
+    starts = torch.tensor([50, 0, 10, 90, 70, 5], dtype=torch.int32)
+    ends = torch.tensor([60, 20, 15, 100, 71, 5], dtype=torch.int32)  # the last row is empty
+    plan = _plan(starts, ends, 120)
+    assert plan.problem.key_spans == ((0, 20), (50, 60), (70, 71), (90, 100))
+    assert plan.problem.key_range() == (0, 100)
 
 
 def test_update_bounds_follows_new_windows_inside_the_planned_ones():

@@ -19,7 +19,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "DeepGEMM + torch.topk"),
         ("backends", backends, "automatic dispatch against every backend forced, per shape and logits budget "
                                "(time and memory)"),
-        ("engines", engines, "an engine adapter (vLLM) against the direct plan/run and prefill_topk calls it makes"),
+        ("engines", engines, "an engine adapter (vLLM or SGLang) against the direct plan/run and prefill_topk calls "
+                             "it makes"),
         ("tp", tp, "replicated vs every strategy on 1..N ranks over a context-length sweep"),
         ("calibrate", calibrate, "measure this device's per-row cost coefficients for the planner"),
     ):

@@ -224,11 +224,13 @@ def plan_prefill(ks: torch.Tensor, ke: torch.Tensor, *, num_keys: int, heads: in
     in ``init_forward_metadata``) for :meth:`PrefillPlan.run` in every layer.
 
     Args:
-        ks, ke: int32 ``[M]`` on the host or the device (one copy to the host here).
+        ks, ke: int32 ``[M]`` on the host or the device (one copy to the host here); the
+            plan keeps copies, so SGLang may refill them.
         num_keys: ``N``, keys in the gathered buffer (the batch's summed sequence lengths).
         heads, head_dim, topk: ``H``, ``D`` and keys kept per row.
         transform, topk_indices_offset, page_table_1, token_to_batch_idx: As
-            :func:`prefill_topk`'s, bound into the plan (on ``device``).
+            :func:`prefill_topk`'s, bound into the plan (on ``device``): copies of the
+            ``[M]`` vectors; ``page_table_1`` itself, read at every run.
         group, max_logits_mb: As :func:`prefill_topk`'s.
         device: Device of the layers' tensors (default: the bounds').
         fp8_dtype: dtype of ``q_fp8`` and ``k_fp8``.
@@ -239,9 +241,11 @@ def plan_prefill(ks: torch.Tensor, ke: torch.Tensor, *, num_keys: int, heads: in
     """
     device = indexed_device(device) if device is not None else ks.device
     rows = ks.numel()
-    t = make_transform(transform, rows, ks.to(device), topk_indices_offset=topk_indices_offset,
-                       page_table_1=page_table_1, token_to_batch_idx=token_to_batch_idx, device=device)
-    starts, ends = ks.cpu(), ke.cpu()
+    # copies of the [M] vectors: the plan outlives this call, and SGLang refills its metadata
+    own = (lambda t: t.clone() if isinstance(t, torch.Tensor) else t)  # noqa: E731 - a bad type is refused below
+    t = make_transform(transform, rows, ks.to(device, copy=True), topk_indices_offset=own(topk_indices_offset),
+                       page_table_1=page_table_1, token_to_batch_idx=own(token_to_batch_idx), device=device)
+    starts, ends = ks.to("cpu", copy=True), ke.to("cpu", copy=True)
     _check_paged_values(t, starts, ends)
     if rows == 0:
         return PrefillPlan(None, t, 0, topk)

@@ -227,7 +227,9 @@ def prefill_topk(prefill, q: torch.Tensor, k_quant: torch.Tensor, k_scale: torch
 
     Raises:
         ValueError: a chunk, tensor or option that does not fit, before any gather or
-            kernel; the buffer is then untouched.
+            kernel; the buffer is then untouched. Non-finite key scales where a group's rows
+            read them: checked once that group's keys are gathered, so the rows of the
+            groups before it are already written (the message names the group's rows).
     """
     unknown = sorted(set(options) - _ONE_SHOT_OPTIONS)
     if unknown:
@@ -250,8 +252,11 @@ def prefill_topk(prefill, q: torch.Tensor, k_quant: torch.Tensor, k_scale: torch
                              f"row_ends, N the workspace keys they read): {exc}") from None
 
     def call(i, g, q_rows, k_rows, scales, w_rows, out):
-        api.prefill_topk(q_rows, k_rows, scales, w_rows, g.cu_seqlen_ks, g.cu_seqlen_ke, topk, group=group,
-                         out=out, max_logits_mb=max_logits_mb, **options)
+        try:
+            api.prefill_topk(q_rows, k_rows, scales, w_rows, g.cu_seqlen_ks, g.cu_seqlen_ke, topk, group=group,
+                             out=out, max_logits_mb=max_logits_mb, **options)
+        except ValueError as exc:  # the gathered scales' check: say which group's rows
+            raise ValueError(f"rows [{g.token_start}, {g.token_end}): {exc}") from None
 
     return _run(groups, q, k_quant, k_scale, weights, topk_indices_buffer, topk, gather, call)
 
@@ -318,7 +323,9 @@ def plan_prefill(prefill, *, heads: int, head_dim: int, topk: int, group: object
         if g.num_keys == 0 or not g.has_keys or g.token_end == g.token_start:
             plans.append(None)
             continue
-        plans.append(make_plan(g.cu_seqlen_ks, g.cu_seqlen_ke, num_keys=g.num_keys, heads=heads, head_dim=head_dim,
+        # copies: a group of one chunk holds the chunk's own tensors, which indexer.plan would
+        # use in place, and the metadata's owner may refill them before a later step's run
+        plans.append(make_plan(g.cu_seqlen_ks.clone(), g.cu_seqlen_ke.clone(), num_keys=g.num_keys, heads=heads, head_dim=head_dim,
                                topk=topk, group=group, device=device, fp8_dtype=fp8_dtype,
                                max_logits_mb=max_logits_mb, **options))
     return PrefillPlan(groups, plans, topk)
