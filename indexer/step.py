@@ -192,6 +192,8 @@ class StepPlan:
                  exchange_waves: str | int | None = None):
         envs.check_environment()  # every INDEXER_* variable, before anything runs (cached)
         self.problem = problem
+        # (row_starts, row_ends) as the host last knew them, for update_bounds' checks
+        self._host_bounds: tuple = (problem.starts_host, problem.ends_host)
         platform = platform_for_device(problem.device)
         key = platform.key
         requested = envs.resolve("BACKEND", key, backend)
@@ -367,7 +369,9 @@ class StepPlan:
         compressed chunk, no longer than its width
         (device bounds cannot be checked without a sync: a window past its chunk's keys is
         clipped to them, so only that row's answer is wrong). Host bounds are checked
-        (``0 <= row_starts <= row_ends <= N``) before anything is copied.
+        (``0 <= row_starts <= row_ends <= N``, and the 16-bit width) before anything is
+        copied; one side given alone is checked against the other's values as last given on
+        the host (or planned), or, after device bounds, against ``[0, N]`` only.
         Plan a size bucket with every row at its widest window to reuse it across steps.
         The row split stays the planned one (any split gives the same sets), and value checks
         keep looking at the keys of the planned windows.
@@ -384,10 +388,21 @@ class StepPlan:
                 raise ValueError(f"{name} must be an int tensor of shape [{p.num_rows}], got {src!r:.80}")
             if src.device.type != "cpu" and src.device != p.device:
                 raise ValueError(f"{name} is on {src.device}: give the bounds on the host or on {p.device}")
-        if row_starts is not None and row_ends is not None and row_starts.device.type == "cpu" \
-                and row_ends.device.type == "cpu":
-            starts, ends = row_starts.to(torch.int64), row_ends.to(torch.int64)
-            check_bounds(starts, ends, p.num_keys)  # free on the host
+        # the bounds as the host last knew them (None: unknown, after device bounds): a side
+        # given on the host is checked with the other side, given or known, else on its own
+        known = list(self._host_bounds)
+        for i, (_, src, _) in enumerate(new):
+            if src is None and row_starts is None and row_ends is None:
+                known[i] = None  # copied in place by the caller: values unknown here
+            elif src is not None:
+                known[i] = src.to(torch.int64, copy=True) if src.device.type == "cpu" else None
+        starts, ends = known
+        if starts is not None or ends is not None:
+            zeros = torch.zeros(p.num_rows, dtype=torch.int64)
+            full = torch.full((p.num_rows,), p.num_keys, dtype=torch.int64)
+            # a side alone is checked against the widest the other could be (free on the host)
+            check_bounds(starts if starts is not None else zeros, ends if ends is not None else full, p.num_keys)
+        if starts is not None and ends is not None:
             widest = int((ends - starts).max()) if p.num_rows else 0
             carries = getattr(self.exchange, "max_window", None)  # a 16-bit exchange's exact limit
             if carries is not None and widest > carries:
@@ -397,6 +412,7 @@ class StepPlan:
         for _, src, dst in new:
             if src is not None:
                 dst.copy_(src, non_blocking=True)
+        self._host_bounds = (starts, ends)
         for c in self.chunks:
             if not c.empty:
                 fill_index(p, c)

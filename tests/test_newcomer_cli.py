@@ -117,6 +117,14 @@ def test_bad_calibrate_option_is_one_clean_line(args):
     _assert_one_clean_error(_run("bench", "calibrate", *args, timeout=120), "bench calibrate")
 
 
+@pytest.mark.parametrize("command,args", [("kernels", ["--rows", "0"]), ("kernels", ["--heads", "-3"]),
+                                          ("step", ["--layers", "0"]), ("topk", ["--check-rows", "-1"]),
+                                          ("engines", ["--repeats", "0"]), ("tp", ["--topk", "0"])],
+                         ids=lambda a: " ".join(a) if isinstance(a, list) else a)
+def test_bad_bench_count_is_one_clean_line(command, args):
+    _assert_one_clean_error(_run("bench", command, *args, timeout=120), f"bench {command}")
+
+
 def _records(compute, wait, exchange, call_ms, times):
     return dict(config="c", kind="late", keys=8, rows=8, variant="balanced", strategy="balanced", reassembly="padded",
                 backend="torch", sharded=True, rank_rows=4, imbalance=1.0, times=times, peak_gib=None, exact=True,

@@ -245,6 +245,28 @@ def test_update_bounds_refuses_bad_bounds_before_changing_anything():
         assert (s == 0).all() and (e == n).all() and (plan.chunks[0].lengths == n).all()
 
 
+def test_update_bounds_checks_one_side_given_alone():
+    m, n = 16, 100
+    s = torch.arange(m, dtype=torch.int32)
+    e = s + 50
+    plan = _plan(s.clone(), e.clone(), n)
+    row3 = torch.arange(m) == 3
+    for bad, match in ((dict(row_ends=torch.where(row3, n + 5, e)), "row_ends must be <= N"),
+                       (dict(row_starts=torch.where(row3, -1, s)), "row_starts must be >= 0"),
+                       (dict(row_starts=torch.where(row3, e + 1, s)), "row_starts must be <= row_ends"),
+                       (dict(row_ends=torch.where(row3, (1 << 32) + e.long(), e.long())), "row_ends must be <= N")):
+        with pytest.raises(ValueError, match=match):
+            plan.update_bounds(**bad)
+        assert torch.equal(plan.problem.row_starts, s) and torch.equal(plan.problem.row_ends, e)
+    # checked against the other side as last given: ends moved down, then starts past them
+    plan.update_bounds(row_ends=e - 20)
+    with pytest.raises(ValueError, match="row_starts must be <= row_ends"):
+        plan.update_bounds(row_starts=s + 35)  # inside the planned ends, past the new ones
+    plan.update_bounds(row_starts=s + 10)
+    layer = _layer(6, m, n)
+    assert sets_equal(plan.run(*layer), indexer.prefill_topk(*layer, s + 10, e - 20, TOPK))
+
+
 @pytest.mark.skipif("triton" not in _backends(), reason="needs Triton's interpreter on CPU")
 def test_a_window_past_a_compressed_chunk_spoils_only_its_own_row():
     # bounds refreshed past the plan (not checkable on the device without a sync): the

@@ -1361,3 +1361,26 @@ def test_ragged_topk_object_takes_a_device_named_without_its_index():
     want = torch.empty(6, 24, dtype=torch.int32)
     row_topk(masked, starts.cpu(), lengths.cpu(), 24, want)
     assert torch.equal(got.cpu().sort(1).values, want.sort(1).values)
+
+
+def test_ragged_topk_object_reads_its_row_vectors_in_place_and_refuses_what_it_would_copy():
+    logits, masked, starts, lengths = _case(6, 700, 24, seed=6, min_length=100)
+    starts, lengths, logits = starts.to(DEVICE), lengths.to(DEVICE), logits.to(DEVICE)
+    config = _cfg(cap=256, **SMALL_SAMPLE)
+    # a copy would not see a refresh: a strided view and an int16 vector are refused, named
+    for name, bad in (("starts_rel", torch.stack((starts, starts), 1)[:, 0]), ("lengths", lengths.to(torch.int16))):
+        args = {"starts_rel": starts, "lengths": lengths, name: bad}
+        with pytest.raises(ValueError, match=f"{name} must be an int32 or int64"):
+            T.RaggedTopk(DEVICE, 6, 700, args["starts_rel"], args["lengths"], 24, config=config)
+    # the one-shot call converts them
+    got = torch.empty(6, 24, dtype=torch.int32, device=DEVICE)
+    T.ragged_topk(logits, torch.stack((starts, starts), 1)[:, 0], lengths.to(torch.int16), 24, got, config=config)
+    want = torch.empty(6, 24, dtype=torch.int32)
+    row_topk(masked, starts.cpu(), lengths.cpu(), 24, want)
+    assert torch.equal(got.cpu().sort(1).values, want.sort(1).values)
+    # the object follows windows refreshed in place
+    run = T.RaggedTopk(DEVICE, 6, 700, starts, lengths, 24, config=config)
+    lengths.copy_((lengths - 50).clamp(min=0))
+    run(logits, got)
+    row_topk(masked, starts.cpu(), lengths.cpu(), 24, want, sync_free=True)  # reads only the new windows
+    assert torch.equal(got.cpu().sort(1).values, want.sort(1).values)

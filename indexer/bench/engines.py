@@ -45,6 +45,8 @@ _CPU = dict(heads=4, head_dim=32, topk=64, max_logits_mb=8,
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..cli.options import positive_int
+
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--engine", choices=("vllm", "sglang"), default="vllm",
                    help="whose adapter and layout (sglang: the requests of each case as one extend batch)")
@@ -52,14 +54,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated NAME=SPEC; SPEC is REQxKEYS:ROWS (packed requests) or "
                         "[DECODE+]KEYS:ROWS+KEYS:ROWS... with /SUB (sub-chunks of SUB rows); "
                         f"GPU default {_GPU['cases']}; CPU {_CPU['cases']}")
-    p.add_argument("--heads", type=int, default=None)
-    p.add_argument("--head-dim", type=int, default=None)
-    p.add_argument("--topk", type=int, default=None)
+    p.add_argument("--heads", type=positive_int, default=None)
+    p.add_argument("--head-dim", type=positive_int, default=None)
+    p.add_argument("--topk", type=positive_int, default=None)
     p.add_argument("--max-logits-mb", type=float, default=None, help="the engine's logits budget (GPU default 512, "
                    "vLLM's VLLM_SPARSE_INDEXER_MAX_LOGITS_MB)")
     p.add_argument("--backend", default=None, help="indexer backend (default auto)")
-    p.add_argument("--repeats", type=int, default=5, help="calls a measurement (median)")
-    p.add_argument("--rounds", type=int, default=3, help="every way measured once a round, in turn; the median "
+    p.add_argument("--repeats", type=positive_int, default=5, help="calls a measurement (median)")
+    p.add_argument("--rounds", type=positive_int, default=3, help="every way measured once a round, in turn; the median "
                    "of the rounds is shown")
     p.add_argument("--json", default=None, help="write the rows here")
 

@@ -21,13 +21,15 @@ from .timing import int_list, median_ms, table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rows", type=int, default=8192)
+    from ..cli.options import positive_int
+
+    p.add_argument("--rows", type=positive_int, default=8192)
     p.add_argument("--context", default="16384,65536,131072", help="comma-separated key counts N")
-    p.add_argument("--heads", type=int, default=64)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--topk", type=int, default=2048)
+    p.add_argument("--heads", type=positive_int, default=64)
+    p.add_argument("--head-dim", type=positive_int, default=128)
+    p.add_argument("--topk", type=positive_int, default=2048)
     p.add_argument("--backends", default=None, help="comma-separated (default: the platform's priority list)")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=None, help="write the rows as JSON here")
     p.add_argument("--tune-triton", action="store_true",

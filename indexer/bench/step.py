@@ -43,21 +43,23 @@ WAYS = ("plan + run", "prefill_topk", "deepgemm + torch.topk")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..cli.options import non_negative_int, positive_int
+
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--context", default=None, help="keys N of one late-chunk request, comma-separated "
                    "(GPU default 16384,65536,131072; CPU 2048)")
-    p.add_argument("--rows", type=int, default=None, help="rows M of each late chunk (GPU default 8192; CPU 256)")
+    p.add_argument("--rows", type=positive_int, default=None, help="rows M of each late chunk (GPU default 8192; CPU 256)")
     p.add_argument("--batch", default=None, help="a packed batch REQxKEYS:ROWS, e.g. 8x16384:1024 (GPU default; "
                    "CPU 4x512:64; 'none' skips)")
-    p.add_argument("--layers", type=int, default=None, help="layers a step (default 61; CPU 4)")
-    p.add_argument("--gemm", type=int, default=None, help="G of the [M, G] x [G, G] matmul before each indexer call "
+    p.add_argument("--layers", type=positive_int, default=None, help="layers a step (default 61; CPU 4)")
+    p.add_argument("--gemm", type=non_negative_int, default=None, help="G of the [M, G] x [G, G] matmul before each indexer call "
                    "(default 4096; CPU 64; 0: none)")
-    p.add_argument("--heads", type=int, default=None)
-    p.add_argument("--head-dim", type=int, default=None)
-    p.add_argument("--topk", type=int, default=None)
+    p.add_argument("--heads", type=positive_int, default=None)
+    p.add_argument("--head-dim", type=positive_int, default=None)
+    p.add_argument("--topk", type=positive_int, default=None)
     p.add_argument("--backend", default=None, help="indexer backend (default auto)")
-    p.add_argument("--tp", type=int, default=1, help="ranks (processes; NCCL on GPUs, gloo on CPU)")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--tp", type=positive_int, default=1, help="ranks (processes; NCCL on GPUs, gloo on CPU)")
+    p.add_argument("--repeats", type=positive_int, default=3)
     p.add_argument("--json", default=None, help="write the rows here")
 
 

@@ -50,13 +50,15 @@ from .timing import graph_ms, host_ms, int_list, median_ms, queued_median_ms, ta
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rows", type=int, default=8192)
+    from ..cli.options import non_negative_int, positive_int
+
+    p.add_argument("--rows", type=positive_int, default=8192)
     p.add_argument("--context", default="16384,65536,131072,262144", help="comma-separated key counts N")
-    p.add_argument("--heads", type=int, default=64)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--topk", type=int, default=2048)
+    p.add_argument("--heads", type=positive_int, default=64)
+    p.add_argument("--head-dim", type=positive_int, default=128)
+    p.add_argument("--topk", type=positive_int, default=2048)
     p.add_argument("--backend", default=None, help="backend whose logits are used (default: automatic dispatch)")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--e2e", default=None, help="comma-separated N for whole calls (prefill_topk with each top-k choice, plan.run) against the logits alone")
     p.add_argument("--fused", default=None, help="comma-separated N: logits + top-k unfused (DeepGEMM, Triton) "
                                                    "and fused (Triton), side by side")
@@ -71,7 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the row length): the Triton top-k's worst case")
     p.add_argument("--max-gib", type=float, default=64.0,
                    help="--dist skips an M x N whose logits exceed this many GiB")
-    p.add_argument("--check-rows", type=int, default=64,
+    p.add_argument("--check-rows", type=non_negative_int, default=64,
                    help="--dist compares this many rows (spread over the block) with the torch path's sets")
     p.add_argument("--vllm-topk-lib", default=None,
                    help="a shared library registering vLLM's torch.ops._C.top_k_per_row_prefill (built from vLLM's "
@@ -94,7 +96,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune-presample", default="0,1", help="sample thresholds in a kernel of their own (1) or in the "
                                                            "filter kernel (0)")
     p.add_argument("--tune-ballot-write", default="1", help="select writes by warp ballots (1, NVIDIA) or a scan (0)")
-    p.add_argument("--tune-context", type=int, default=None,
+    p.add_argument("--tune-context", type=positive_int, default=None,
                    help="N of the tuning run (default: the largest --context)")
 
 

@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=positive_int, default=None, help="ranks (default: visible GPUs, else 2)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--contexts", default=None, help="late-chunk key counts N (GPU default 16K..1M)")
-    p.add_argument("--rows", type=int, default=None, help="rows of each late chunk (GPU default 8192)")
+    p.add_argument("--rows", type=positive_int, default=None, help="rows of each late chunk (GPU default 8192)")
     p.add_argument("--first", default=None, help="whole first chunks, M = N (GPU default 16384,32768; 'none' skips)")
     p.add_argument("--varlen", default=None, help="REQxKEYS:ROWS batch of requests (GPU default 4x32768:4096)")
     p.add_argument("--big", default=None, help="ROWSxKEYS very large step, replicated vs auto only (GPU default 65536x1048576; 'none' skips)")
@@ -61,9 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ROWS@KEYS, comma-separated lists: for every M in ROWS and N in KEYS, replicated, sharded "
                         "(auto, forced) and what the gate chooses (M <= N: the last M rows of one request; M > N: "
                         "M/N whole requests of N keys); GPU default 1024,...,65536@16384,131072; CPU none")
-    p.add_argument("--heads", type=int, default=None)
-    p.add_argument("--head-dim", type=int, default=None)
-    p.add_argument("--topk", type=int, default=None)
+    p.add_argument("--heads", type=positive_int, default=None)
+    p.add_argument("--head-dim", type=positive_int, default=None)
+    p.add_argument("--topk", type=positive_int, default=None)
     p.add_argument("--backend", default=None)
     p.add_argument("--warmup", type=non_negative_int, default=2)
     p.add_argument("--repeats", type=positive_int, default=5)

@@ -128,6 +128,10 @@ def ragged_topk(
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"logits must be a 2-D float32 tensor, got {tuple(logits.shape)} {logits.dtype}")
     rows, n = logits.shape
+    # one call: any int layout, converted once (RaggedTopk reads its vectors in place)
+    starts_rel, lengths = (_index_vector(x) if isinstance(x, torch.Tensor) and x.device == logits.device
+                           and not (x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool) else x
+                           for x in (starts_rel, lengths))
     run = RaggedTopk(logits.device, rows, n, starts_rel, lengths, topk, config=config, stats=stats,
                      direct_launch=direct_launch)
     run(logits, out)
@@ -142,8 +146,8 @@ class RaggedTopk:
     Args:
         device: Device of the logits.
         rows, n: Shape ``[rows, n]`` of the logits blocks it will get.
-        starts_rel, lengths: int ``[rows]`` on ``device`` (read by the kernels at every
-            call, so they may be refreshed in place).
+        starts_rel, lengths: int32 or int64 ``[rows]`` with unit stride on ``device`` (read
+            by the kernels at every call, so they may be refreshed in place).
         topk: Keys kept per row.
         config, stats, direct_launch: As :func:`ragged_topk`'s.
 
@@ -166,8 +170,11 @@ class RaggedTopk:
             raise ValueError(f"starts_rel and lengths need {rows} entries (one a row), got {starts_rel.numel()} "
                              f"and {lengths.numel()}")
         for name, x in (("starts_rel", starts_rel), ("lengths", lengths)):
-            if x.device != device or x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
-                raise ValueError(f"{name} must be an integer tensor on {device}, got {x.dtype} on {x.device}")
+            if x.device != device or x.dtype not in (torch.int32, torch.int64) or x.dim() != 1 or x.stride(0) != 1:
+                # a copy would not see the caller's refreshes: the vectors are read in place
+                raise ValueError(f"{name} must be an int32 or int64 [rows] tensor with unit stride on {device} (read "
+                                 f"in place at every call), got {x.dtype} {list(x.shape)} strides {list(x.stride())} "
+                                 f"on {x.device}")
         _check_stats(stats, device)
         if direct_launch is not None and not isinstance(direct_launch, bool):
             raise ValueError(f"direct_launch must be True, False or None, got {direct_launch!r}")
@@ -194,8 +201,7 @@ class RaggedTopk:
         self.device, self.rows, self.n, self.topk = device, rows, n, topk
         self.stats, self.sample_min = stats, config.sample_min
         # int32 or int64 as they come (the kernels load either): no conversion launches
-        self.starts = _index_vector(starts_rel)
-        self.lens = _index_vector(lengths)
+        self.starts, self.lens = starts_rel, lengths
         _, num_warps, cap = self.plan[:3]
         # (split rows: a list counter and a slices-done counter a row)
         self.counters = max(num_warps, 2)
