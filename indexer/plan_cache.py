@@ -63,17 +63,29 @@ def cached_plan(problem: Problem, group: object | None, options: dict, make: Cal
         return make()
     key = _key(problem, group, tuple(sorted(options.items())))
     with _lock:
-        for number, (k, hit) in reversed(_plans.items()):
-            if (k == key and torch.equal(hit.problem.starts_host, problem.starts_host)
-                    and torch.equal(hit.problem.ends_host, problem.ends_host) and is_registered_instance(hit.backend)):
-                _plans.move_to_end(number)
-                return hit
+        hit = _find(key, problem)
+    if hit is not None:
+        return hit
     plan = make()
     with _lock:
+        # another thread may have made the same plan meanwhile: keep one entry
+        hit = _find(key, problem)
+        if hit is not None:
+            return hit
         _plans[next(_numbers)] = (key, plan)
         while len(_plans) > SIZE:
             _plans.popitem(last=False)
     return plan
+
+
+def _find(key: tuple, problem: Problem) -> object | None:
+    # (under _lock) the matching plan, made most recently used, or None
+    for number, (k, plan) in reversed(_plans.items()):
+        if (k == key and torch.equal(plan.problem.starts_host, problem.starts_host)
+                and torch.equal(plan.problem.ends_host, problem.ends_host) and is_registered_instance(plan.backend)):
+            _plans.move_to_end(number)
+            return plan
+    return None
 
 
 def clear() -> None:

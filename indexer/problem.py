@@ -192,8 +192,13 @@ def check_bounds(starts_host: torch.Tensor, ends_host: torch.Tensor, n: int) -> 
         )
 
 
-def _device_arg(device: object) -> torch.device:
-    """The ``device`` argument as a torch device with its index, or a ValueError naming it."""
+def check_device(device: object) -> torch.device:
+    """A ``device`` argument as a torch device with its index (``"cuda"``: the current GPU's
+    ``cuda:N``).
+
+    Raises:
+        ValueError: not a device name, or a GPU this torch cannot use, naming the argument.
+    """
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
@@ -250,7 +255,7 @@ def make_problem(
     if row_ends.numel() != row_starts.numel():
         raise ValueError(f"row_ends must have shape [M] = [{row_starts.numel()}] (from row_starts), got "
                          f"{list(row_ends.shape)}")
-    device = _device_arg(device) if device is not None else row_starts.device
+    device = check_device(device) if device is not None else row_starts.device
     for name, t in (("row_starts", row_starts), ("row_ends", row_ends)):
         if t.device.type != "cpu" and t.device != device:
             raise ValueError(f"{name} is on {t.device}: give the bounds on the host or on {device}")
@@ -310,7 +315,7 @@ def check_inputs(problem: Problem, q: object, k: object, k_scale: object, weight
     return LayerInputs(q, k, k_scale, weights)
 
 
-def check_values(problem: Problem, inputs: LayerInputs, mode: str) -> None:
+def check_values(problem: Problem, inputs: LayerInputs, mode: str, gaps: bool = True) -> None:
     """``k_scale`` and ``weights`` finite (NaN or inf scales make logits that no top-k can
     rank), where a row can read them: ``k_scale`` at the keys of :attr:`Problem.key_spans`
     only, so stale bytes outside every window (a shared key workspace) never raise.
@@ -319,11 +324,14 @@ def check_values(problem: Problem, inputs: LayerInputs, mode: str) -> None:
         mode: ``off``; ``async``, a device-side assert (no sync; a failure surfaces at the
             next synchronization as a device assert); ``sync``, a host check (one sync)
             raising ValueError.
+        gaps: Skip the gaps between the windows; ``False`` checks every key of
+            :meth:`Problem.key_range` (windows refreshed since planning may lie anywhere
+            in it).
     """
     if mode == "off":
         return
     lo, hi = problem.key_range()
-    read = problem.read_keys
+    read = problem.read_keys if gaps else None
     for name, t in (("k_scale", inputs.k_scale[lo:hi]), ("weights", inputs.weights)):
         if not t.numel():
             continue

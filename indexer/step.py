@@ -192,8 +192,9 @@ class StepPlan:
                  exchange_waves: str | int | None = None):
         envs.check_environment()  # every INDEXER_* variable, before anything runs (cached)
         self.problem = problem
-        # (row_starts, row_ends) as the host last knew them, for update_bounds' checks
-        self._host_bounds: tuple = (problem.starts_host, problem.ends_host)
+        # update_bounds has run: value checks then read every key of the planned windows'
+        # span (a row's window may have moved into a gap between them)
+        self._bounds_updated = False
         platform = platform_for_device(problem.device)
         key = platform.key
         requested = envs.resolve("BACKEND", key, backend)
@@ -326,7 +327,7 @@ class StepPlan:
 
     def _run(self, inputs: LayerInputs, out: torch.Tensor | None, clock: "_Clock | None" = None) -> torch.Tensor:
         problem = self.problem
-        check_values(problem, inputs, self.check)
+        check_values(problem, inputs, self.check, gaps=not self._bounds_updated)
         if out is None:
             out = torch.empty(problem.num_rows, problem.topk, dtype=torch.int32, device=problem.device)
         ex = self.exchange
@@ -370,11 +371,12 @@ class StepPlan:
         (device bounds cannot be checked without a sync: a window past its chunk's keys is
         clipped to them, so only that row's answer is wrong). Host bounds are checked
         (``0 <= row_starts <= row_ends <= N``, and the 16-bit width) before anything is
-        copied; one side given alone is checked against the other's values as last given on
-        the host (or planned), or, after device bounds, against ``[0, N]`` only.
+        copied; one side given alone is checked against ``[0, N]`` only (the other side may
+        have been written in place).
         Plan a size bucket with every row at its widest window to reuse it across steps.
         The row split stays the planned one (any split gives the same sets), and value checks
-        keep looking at the keys of the planned windows.
+        then look at every key from the planned windows' least start to their largest end
+        (a window may have moved into a gap between them).
         """
         p = self.problem
         new = (("row_starts", row_starts, p.row_starts), ("row_ends", row_ends, p.row_ends))
@@ -388,20 +390,15 @@ class StepPlan:
                 raise ValueError(f"{name} must be an int tensor of shape [{p.num_rows}], got {src!r:.80}")
             if src.device.type != "cpu" and src.device != p.device:
                 raise ValueError(f"{name} is on {src.device}: give the bounds on the host or on {p.device}")
-        # the bounds as the host last knew them (None: unknown, after device bounds): a side
-        # given on the host is checked with the other side, given or known, else on its own
-        known = list(self._host_bounds)
-        for i, (_, src, _) in enumerate(new):
-            if src is None and row_starts is None and row_ends is None:
-                known[i] = None  # copied in place by the caller: values unknown here
-            elif src is not None:
-                known[i] = src.to(torch.int64, copy=True) if src.device.type == "cpu" else None
-        starts, ends = known
+        # host sides (free to check); the other side's current values are unknown here (the
+        # caller may have written it in place, or a graph replayed a copy), so a side given
+        # alone is checked against [0, N] only
+        starts, ends = (src.to(torch.int64) if src is not None and src.device.type == "cpu" else None
+                        for src in (row_starts, row_ends))
         if starts is not None or ends is not None:
-            zeros = torch.zeros(p.num_rows, dtype=torch.int64)
-            full = torch.full((p.num_rows,), p.num_keys, dtype=torch.int64)
-            # a side alone is checked against the widest the other could be (free on the host)
-            check_bounds(starts if starts is not None else zeros, ends if ends is not None else full, p.num_keys)
+            check_bounds(starts if starts is not None else torch.zeros(p.num_rows, dtype=torch.int64),
+                         ends if ends is not None else torch.full((p.num_rows,), p.num_keys, dtype=torch.int64),
+                         p.num_keys)
         if starts is not None and ends is not None:
             widest = int((ends - starts).max()) if p.num_rows else 0
             carries = getattr(self.exchange, "max_window", None)  # a 16-bit exchange's exact limit
@@ -412,7 +409,7 @@ class StepPlan:
         for _, src, dst in new:
             if src is not None:
                 dst.copy_(src, non_blocking=True)
-        self._host_bounds = (starts, ends)
+        self._bounds_updated = True
         for c in self.chunks:
             if not c.empty:
                 fill_index(p, c)

@@ -208,8 +208,9 @@ def test_a_plan_keeps_the_bounds_it_was_made_with(transform):
     b = _batch(seed=3)
     plan = isg.plan_prefill(b.ks, b.ke, num_keys=b.k_fp8.shape[0], heads=4, head_dim=32, topk=TOPK,
                             **_kw(b, transform))
-    b.ks.zero_()
+    b.ks.zero_()  # ks is also SGLang's topk_indices_offset
     b.ke.fill_(1)
+    b.token_to_batch_idx.zero_()
     b = _batch(seed=3)  # the inputs (and bounds) as planned, for the check
     buf = _buffer(b)
     plan.run(b.q_fp8, b.k_fp8, b.k_scale, b.weights, buf)

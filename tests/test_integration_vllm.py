@@ -227,6 +227,26 @@ def _gloo_rank(rank, world):
     return buf, planned, [p.info.sharded for p in plan.plans]
 
 
+def _refused_reassembly_rank(rank, world):
+    import torch.distributed as dist
+
+    from indexer.collective.reassemble import ReassemblyError
+
+    step = _step(seed=4)
+    k_quant, k_scale = step.workspace()
+    try:  # allgatherv needs NCCL: refused on gloo, with its own type
+        iv.prefill_topk(step, step.q, k_quant, k_scale, step.weights, _buffer(step), TOPK, gather=step.gather,
+                        group=dist.group.WORLD, min_rows_per_rank=0, reassembly="allgatherv")
+    except ReassemblyError as exc:
+        return type(exc).__name__, str(exc)
+    return None
+
+
+def test_a_refused_reassembly_keeps_its_error_type():
+    for got in run_ranks(_refused_reassembly_rank, 2, timeout=600):
+        assert got is not None and got[0] == "ReassemblyError" and "allgatherv" in got[1], got
+
+
 @pytest.mark.parametrize("tp", [2, 3])
 def test_gloo_every_rank_gets_the_replicated_table(tp):
     per_rank = run_ranks(_gloo_rank, tp, timeout=600)

@@ -1370,8 +1370,11 @@ def test_ragged_topk_object_reads_its_row_vectors_in_place_and_refuses_what_it_w
     # a copy would not see a refresh: a strided view and an int16 vector are refused, named
     for name, bad in (("starts_rel", torch.stack((starts, starts), 1)[:, 0]), ("lengths", lengths.to(torch.int16))):
         args = {"starts_rel": starts, "lengths": lengths, name: bad}
-        with pytest.raises(ValueError, match=f"{name} must be an int32 or int64"):
+        with pytest.raises(ValueError, match=f"{name} must be a contiguous int32 or int64"):
             T.RaggedTopk(DEVICE, 6, 700, args["starts_rel"], args["lengths"], 24, config=config)
+    # what can be read in place is taken: a contiguous [rows, 1] column, a one-entry view
+    T.RaggedTopk(DEVICE, 6, 700, starts[:, None], lengths, 24, config=config)
+    T.RaggedTopk(DEVICE, 1, 700, starts[:2:2], lengths[:1], 24, config=config)
     # the one-shot call converts them
     got = torch.empty(6, 24, dtype=torch.int32, device=DEVICE)
     T.ragged_topk(logits, torch.stack((starts, starts), 1)[:, 0], lengths.to(torch.int16), 24, got, config=config)

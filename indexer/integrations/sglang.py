@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import api
-from ..platform import indexed_device
+from ..problem import check_device
 from ..step import StepPlan, plan as make_plan
 from .index_map import map_indices_
 from .vllm import key_scales
@@ -77,7 +77,7 @@ def make_transform(kind: str, rows: int, row_starts: torch.Tensor, *, topk_indic
     Raises:
         ValueError: a bad kind, a missing or misshapen tensor, naming it.
     """
-    device = indexed_device(device) if device is not None else row_starts.device
+    device = check_device(device) if device is not None else row_starts.device
     if kind not in TRANSFORMS:
         raise ValueError(f"transform must be one of {'|'.join(TRANSFORMS)}, got {kind!r}")
 
@@ -239,7 +239,7 @@ def plan_prefill(ks: torch.Tensor, ke: torch.Tensor, *, num_keys: int, heads: in
     Raises:
         ValueError: bounds, a transform or an option that does not fit.
     """
-    device = indexed_device(device) if device is not None else ks.device
+    device = check_device(device) if device is not None else ks.device
     rows = ks.numel()
     # copies of the [M] vectors: the plan outlives this call, and SGLang refills its metadata
     own = (lambda t: t.clone() if isinstance(t, torch.Tensor) else t)  # noqa: E731 - a bad type is refused below

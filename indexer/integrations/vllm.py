@@ -256,6 +256,8 @@ def prefill_topk(prefill, q: torch.Tensor, k_quant: torch.Tensor, k_scale: torch
             api.prefill_topk(q_rows, k_rows, scales, w_rows, g.cu_seqlen_ks, g.cu_seqlen_ke, topk, group=group,
                              out=out, max_logits_mb=max_logits_mb, **options)
         except ValueError as exc:  # the gathered scales' check: say which group's rows
+            if type(exc) is not ValueError:  # a subclass (ReassemblyError) keeps its type
+                raise
             raise ValueError(f"rows [{g.token_start}, {g.token_end}): {exc}") from None
 
     return _run(groups, q, k_quant, k_scale, weights, topk_indices_buffer, topk, gather, call)

@@ -146,7 +146,7 @@ class RaggedTopk:
     Args:
         device: Device of the logits.
         rows, n: Shape ``[rows, n]`` of the logits blocks it will get.
-        starts_rel, lengths: int32 or int64 ``[rows]`` with unit stride on ``device`` (read
+        starts_rel, lengths: contiguous int32 or int64, ``rows`` entries, on ``device`` (read
             by the kernels at every call, so they may be refreshed in place).
         topk: Keys kept per row.
         config, stats, direct_launch: As :func:`ragged_topk`'s.
@@ -170,11 +170,12 @@ class RaggedTopk:
             raise ValueError(f"starts_rel and lengths need {rows} entries (one a row), got {starts_rel.numel()} "
                              f"and {lengths.numel()}")
         for name, x in (("starts_rel", starts_rel), ("lengths", lengths)):
-            if x.device != device or x.dtype not in (torch.int32, torch.int64) or x.dim() != 1 or x.stride(0) != 1:
+            if x.device != device or x.dtype not in (torch.int32, torch.int64) or not (
+                    x.is_contiguous() or x.numel() <= 1):
                 # a copy would not see the caller's refreshes: the vectors are read in place
-                raise ValueError(f"{name} must be an int32 or int64 [rows] tensor with unit stride on {device} (read "
-                                 f"in place at every call), got {x.dtype} {list(x.shape)} strides {list(x.stride())} "
-                                 f"on {x.device}")
+                raise ValueError(f"{name} must be a contiguous int32 or int64 tensor of {rows} entries on {device} "
+                                 f"(read in place at every call), got {x.dtype} {list(x.shape)} strides "
+                                 f"{list(x.stride())} on {x.device}")
         _check_stats(stats, device)
         if direct_launch is not None and not isinstance(direct_launch, bool):
             raise ValueError(f"direct_launch must be True, False or None, got {direct_launch!r}")
@@ -201,7 +202,7 @@ class RaggedTopk:
         self.device, self.rows, self.n, self.topk = device, rows, n, topk
         self.stats, self.sample_min = stats, config.sample_min
         # int32 or int64 as they come (the kernels load either): no conversion launches
-        self.starts, self.lens = starts_rel, lengths
+        self.starts, self.lens = starts_rel.reshape(-1), lengths.reshape(-1)  # views
         _, num_warps, cap = self.plan[:3]
         # (split rows: a list counter and a slices-done counter a row)
         self.counters = max(num_warps, 2)
