@@ -11,6 +11,7 @@ import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from .platform import indexed_device
@@ -67,18 +68,21 @@ class Problem:
         """The keys some row reads: the union of the non-empty rows' windows as disjoint
         ``(lo, hi)`` spans in key order (one span where the windows leave no gap, as the rows
         of causal requests packed end to end do). Computed once, from the host bounds."""
-        nonempty = self.ends_host > self.starts_host
-        starts, ends = self.starts_host[nonempty], self.ends_host[nonempty]
-        if not starts.numel():
+        # numpy on the host copies (no copy to make): 3x faster than torch's CPU ops here
+        starts, ends = self.starts_host.numpy(), self.ends_host.numpy()
+        nonempty = ends > starts
+        if not nonempty.all():
+            starts, ends = starts[nonempty], ends[nonempty]
+        if not starts.size:
             return ()
-        if starts.numel() > 1 and not bool((starts[1:] >= starts[:-1]).all()):
-            starts, order = torch.sort(starts, stable=True)
-            ends = ends[order]
-        reach = torch.cummax(ends, 0).values
+        if starts.size > 1 and (starts[1:] < starts[:-1]).any():
+            order = np.argsort(starts, kind="stable")
+            starts, ends = starts[order], ends[order]
+        reach = np.maximum.accumulate(ends)
         # a gap before row i: it starts past every earlier row's end
-        cuts = (torch.nonzero(starts[1:] > reach[:-1]).flatten() + 1).tolist()
+        cuts = (np.flatnonzero(starts[1:] > reach[:-1]) + 1).tolist()
         firsts = [0, *cuts]
-        lasts = [c - 1 for c in cuts] + [starts.numel() - 1]
+        lasts = [c - 1 for c in cuts] + [starts.size - 1]
         return tuple((int(starts[a]), int(reach[b])) for a, b in zip(firsts, lasts))
 
     @functools.cached_property
