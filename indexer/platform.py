@@ -11,6 +11,7 @@ Architecture names follow the compilers: ``sm90`` (H100/H200), ``sm100`` (B200),
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from dataclasses import dataclass, replace
@@ -206,6 +207,19 @@ def indexed_device(device: torch.device | str) -> torch.device:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return device
+
+
+_NO_SWITCH = contextlib.nullcontext()
+
+
+def device_guard(t: torch.Tensor):
+    """Launch context for a kernel on ``t``'s device (Triton, DeepGEMM and AITER launch on
+    the current one): a switch there and back only where another device is current (4 us of
+    host time on an H200's host, for what is almost always no switch)."""
+    if not t.is_cuda:
+        return _NO_SWITCH
+    index = t.get_device()
+    return _NO_SWITCH if torch.cuda.current_device() == index else torch.cuda.device(index)
 
 
 def gpu_platform_class() -> type[Platform]:

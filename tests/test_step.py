@@ -9,13 +9,13 @@ import torch
 
 import indexer
 from indexer.backends import get_backend
-from indexer.backends.base import Chunk, chunk_end, plan_chunks
+from indexer.backends.base import Chunk, chunk_bounds, chunk_end, plan_chunks
 from indexer.backends.torch import TorchBackend
 from indexer.launch import run_ranks
 from indexer.problem import LayerInputs, validate
 from indexer.synthetic import causal_bounds, make_inputs
 
-from conftest import sets_equal
+from conftest import assert_matches_naive, sets_equal
 
 TOPK = 8
 HEADS, DIM = 2, 32
@@ -604,3 +604,20 @@ def test_gpu_sharded_graph_replay_equals_replicated():
         for same, sharded, mode, waves in results:
             assert sharded and same, (mode, waves)
         assert [waves for *_, waves in results][0] == 1 and results[1][3] > 1 and results[2][3] == 3, results
+
+
+def test_chunks_start_at_the_key_alignment_their_backend_needs(monkeypatch):
+    # DeepGEMM reads k_scale[lo:] through a TMA descriptor (a 16-byte aligned address): its
+    # chunks start at multiples of 4 keys, the windows relative to that start
+    s, e, n = causal_bounds([101, 99, 300], [30, 99, 70])
+    problem = indexer.problem.make_problem(s, e, num_keys=n, heads=HEADS, head_dim=DIM, topk=TOPK)
+    deepgemm = get_backend("deepgemm")
+    assert deepgemm.key_align == 4
+    los = [cols[0] for _, cols, _ in chunk_bounds(deepgemm, problem, [(0, problem.num_rows)], 1 << 16)]
+    assert 100 in los and all(lo % 4 == 0 for lo in los), los  # the second request starts at key 101
+    # the same rule on the torch backend: every set exact
+    monkeypatch.setattr(TorchBackend, "key_align", 4)
+    inp = make_inputs([101, 99, 300], [30, 99, 70], heads=HEADS, head_dim=DIM, seed=9)
+    plan = _plan(inp.row_starts, inp.row_ends, n, backend="torch", max_logits_mb=0.05)
+    assert len(plan.chunks) > 2 and all(c.cols[0] % 4 == 0 for c in plan.chunks), [c.cols for c in plan.chunks]
+    assert_matches_naive(plan.run(inp.q, inp.k, inp.k_scale, inp.weights), inp, TOPK)

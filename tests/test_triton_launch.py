@@ -322,7 +322,7 @@ def test_a_bad_direct_launch_flag_is_refused_before_any_kernel(monkeypatch):
 def test_the_device_guard_switches_only_to_another_device(monkeypatch):
     import contextlib
 
-    from indexer.topk.triton import device_guard
+    from indexer.platform import device_guard
 
     class _OnCuda:
         is_cuda = True

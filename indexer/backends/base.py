@@ -78,6 +78,9 @@ class Backend(abc.ABC):
     """Whether :meth:`logits` writes into the plan's workspace (else its kernel allocates)."""
     max_chunk_rows: ClassVar[int | None] = None
     """Cap on rows per chunk, for kernels whose arithmetic changes with the row count."""
+    key_align: ClassVar[int] = 1
+    """A chunk's first key is a multiple of this: for kernels that need the addresses of
+    ``k[lo:]`` and ``k_scale[lo:]`` aligned (TMA descriptors: 16 bytes)."""
     strided_out: ClassVar[bool] = True
     """Whether :meth:`topk` writes an ``out`` with any row stride (else a run gives it a
     contiguous table and copies)."""
@@ -279,6 +282,8 @@ def chunk_bounds(backend: Backend, problem: Problem, ranges: Sequence[tuple[int,
                 if end_c > end:
                     end, lo, hi, compressed = end_c, lo_c, hi_c, True
             hint = max(1024, 2 * (end - start))
+            if hi > lo:  # a few more keys on the left, read by no row (windows are relative to lo)
+                lo -= lo % backend.key_align
             bounds.append(((start, end), (lo, hi), compressed))
             start = end
     return bounds

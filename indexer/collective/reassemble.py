@@ -319,8 +319,8 @@ class NarrowExchange:
     """:class:`Exchange` of 16-bit indices into an int32 table: half the bytes on the wire.
 
     This rank's rows are narrowed into a 16-bit copy of the table (index ``i`` as its low 16
-    bits, ``-1`` as ``0xFFFF``), the copy is exchanged as a 2-byte float dtype (NCCL has no
-    int16; gathers and broadcasts move the bits unchanged) and widened back into the table.
+    bits, ``-1`` as ``0xFFFF``), the copy is exchanged as bytes, two a column (NCCL has no
+    int16; gathers and broadcasts move the bytes unchanged) and widened back into the table.
     Exact where every index is at most 65534 (:func:`exchange_bits`). Where every index is at
     most 32767 (``max_window <= 32768``) the widening is one sign-extending copy; above, the
     copy is followed by a mask to 16 bits and ``0xFFFF`` back to ``-1``. The 16-bit table and
@@ -337,7 +337,9 @@ class NarrowExchange:
                  max_window: int = NARROW_MAX_WINDOW, waves: Sequence[RowPlan] | None = None):
         if mode not in GATHER_MODES:
             raise ReassemblyError(f"16-bit exchange needs one of {'|'.join(GATHER_MODES)}, not {mode!r}")
-        self.inner = WaveExchange(plan, rank, group, mode, width, torch.float16, device, waves)
+        # as bytes, two a column: NCCL has no int16, and as float16 the -1 padding (0xFFFF)
+        # and indices 31745-32767 are NaNs, which TORCH_NCCL_NAN_CHECK=1 refuses
+        self.inner = WaveExchange(plan, rank, group, mode, 2 * width, torch.uint8, device, waves)
         self.num_waves = self.inner.num_waves
         self.plan, self.rank, self.mode = plan, rank, mode
         self.table = torch.empty(plan.num_rows, width, dtype=torch.int16, device=device)
@@ -361,11 +363,11 @@ class NarrowExchange:
         """Narrow this rank's rows of wave ``wave`` and issue their exchange (async)."""
         for a, b in self.inner.waves[wave].pieces[self.rank]:
             self.table[a:b].copy_(out[a:b])  # int32 -> int16 keeps the low 16 bits
-        self.inner.start(self.table.view(torch.float16), wave)
+        self.inner.start(self.table.view(torch.uint8), wave)
 
     def finish(self, out: torch.Tensor) -> None:
         """Wait for every wave, then widen the table into ``out``."""
-        self.inner.finish(self.table.view(torch.float16))
+        self.inner.finish(self.table.view(torch.uint8))
         if self.plan.num_rows == 0:
             return
         out.copy_(self.table)  # sign-extends: -1 and 0..32767 arrive as they left

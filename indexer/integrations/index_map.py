@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..topk.triton.launch import device_guard, launch_reasons
+from ..platform import device_guard
+from ..topk.triton.launch import launch_reasons
 
 try:  # lazy / optional import
     import triton

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ...partition import CostModel
-from ...platform import current_platform, platform_for_device
+from ...platform import current_platform, device_guard, platform_for_device
 from ...problem import LayerInputs, Problem
 from ..base import Backend, Chunk
 from ...topk import bind_topk, prepare_topk, topk_bytes
@@ -160,10 +160,10 @@ class AiterBackend(Backend):
             raise RuntimeError(api.error)
         a, b = chunk.rows
         lo, hi = chunk.cols
-        return api.logits(
-            inputs.q[a:b].contiguous(), inputs.k[lo:hi].contiguous(), inputs.k_scale[lo:hi].contiguous(),
-            inputs.weights[a:b].contiguous(), chunk.starts, chunk.ends,
-        )
+        q = inputs.q[a:b].contiguous()
+        with device_guard(q):  # a Triton launch: on the current device
+            return api.logits(q, inputs.k[lo:hi].contiguous(), inputs.k_scale[lo:hi].contiguous(),
+                              inputs.weights[a:b].contiguous(), chunk.starts, chunk.ends)
 
     def topk(self, problem: Problem, chunk: Chunk, logits: torch.Tensor, out: torch.Tensor) -> None:
         run = chunk.state.get("topk")

@@ -23,7 +23,7 @@ import sys
 import torch
 
 from ...partition import CostModel
-from ...platform import current_platform, platform_for_device
+from ...platform import current_platform, device_guard, platform_for_device
 from ...problem import LayerInputs, Problem
 from ..base import Backend, Chunk
 from ...topk import bind_topk, prepare_topk, topk_bytes
@@ -135,6 +135,9 @@ class DeepGemmBackend(Backend):
     # (clean + top-k) + 126 ns/row, i.e. per_row ~ 3000 keys.
     cost_model = CostModel(per_key=1, per_width=0, per_row=3000)
     uses_workspace = False  # DeepGEMM allocates its own (padded) output
+    # its kernels load the key scales (float32) through a TMA descriptor, whose global
+    # address must be 16-byte aligned: chunks start at multiples of 4 keys
+    key_align = 4
 
     def not_supported_reasons(self, problem: Problem | None) -> list[str]:
         reasons = []
@@ -227,7 +230,12 @@ class DeepGemmBackend(Backend):
             raise RuntimeError(why)
         a, b = chunk.rows
         lo, hi = chunk.cols
-        kv = (inputs.k[lo:hi].contiguous(), inputs.k_scale[lo:hi].contiguous())
+        scales = inputs.k_scale[lo:hi].contiguous()
+        if scales.data_ptr() % 16:
+            # its kernels read the scales through a TMA descriptor (16-byte aligned address):
+            # chunks start at multiples of key_align, so only a misaligned k_scale lands here
+            scales = scales.clone()
+        kv = (inputs.k[lo:hi].contiguous(), scales)
         q, w = inputs.q[a:b].contiguous(), inputs.weights[a:b].contiguous()
         pad = chunk.state.get("pad")
         if pad is not None:
@@ -236,7 +244,8 @@ class DeepGemmBackend(Backend):
             q_pad[:, :h].copy_(q)
             w_pad[:, :h].copy_(w)
             q, w = q_pad, w_pad
-        return fn(q, kv, w, chunk.starts, chunk.ends, chunk.width if chunk.compressed else 0)
+        with device_guard(q):  # DeepGEMM launches on the current device
+            return fn(q, kv, w, chunk.starts, chunk.ends, chunk.width if chunk.compressed else 0)
 
     def topk(self, problem: Problem, chunk: Chunk, logits: torch.Tensor, out: torch.Tensor) -> None:
         chunk.state["topk"](logits, out)

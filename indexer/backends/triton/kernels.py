@@ -31,7 +31,8 @@ except Exception:  # noqa: BLE001 - reported by is_available
     triton = None
     tl = None
 
-from ...topk.triton.launch import device_guard, is_available, launch_reasons  # noqa: F401 - used here and re-exported
+from ...platform import device_guard
+from ...topk.triton.launch import is_available, launch_reasons  # noqa: F401 - used here and re-exported
 
 __all__ = ["LogitsLaunch", "is_available", "mqa_logits"]
 

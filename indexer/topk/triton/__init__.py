@@ -21,11 +21,11 @@ from .config import (
     scratch_bytes_per_row,
     seeds_fallback,
 )
-from .launch import device_guard, is_available, launch_reasons
+from .launch import is_available, launch_reasons
 from .ragged import RaggedTopk, ragged_topk
 
 __all__ = [
     "STAT_WHOLE", "STAT_PLAIN", "STAT_RETRIED", "STAT_SAMPLED", "STAT_SEEDED", "STAT_SHORT", "STAT_SPLIT",
-    "RaggedTopk", "TopkConfig", "device_guard",
+    "RaggedTopk", "TopkConfig",
     "is_available", "launch_config", "launch_reasons", "ragged_topk", "scratch_bytes_per_row", "seeds_fallback",
 ]

@@ -26,7 +26,6 @@ the launch. The callers check that every tensor is on the launch's device first.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import os
@@ -101,18 +100,6 @@ if triton is not None:
             acc += 1
         tl.store(n_ptr, acc)
 
-
-_NO_SWITCH = contextlib.nullcontext()
-
-
-def device_guard(t: torch.Tensor):
-    """Launch context for a kernel on ``t``'s device (Triton launches on the current one):
-    a switch there and back only where another device is current (4 us of host time on an
-    H200's host, for what is almost always no switch)."""
-    if not t.is_cuda:
-        return _NO_SWITCH
-    index = t.get_device()
-    return _NO_SWITCH if torch.cuda.current_device() == index else torch.cuda.device(index)
 
 
 

@@ -59,13 +59,13 @@ import dataclasses
 import torch
 
 from ... import envs as _envs
-from ...platform import indexed_device
+from ...platform import device_guard, indexed_device
 from .config import (
     FALLBACK_PROGRAMS_PER_SM, SECOND_PROGRAMS_PER_SM, STAT_RETRIED, STAT_SEEDED, STAT_SPLIT, TopkConfig, _check_stats,
     _index_vector, is_nvidia, _programs, plan_launches, auto_slices, launch_config, seeds_fallback,
 )
 from .kernels import FALLBACK_LAUNCHER, FILTER_LAUNCHER, SAMPLE_LAUNCHER, SELECT_LAUNCHER, triton
-from .launch import At, device_guard
+from .launch import At
 from .ptx import SEED_BINS
 
 
