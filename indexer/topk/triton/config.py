@@ -444,9 +444,17 @@ def _programs(device: torch.device, rows: int, per_sm: int) -> int:
     return max(1, min(rows, 4))  # Triton's interpreter runs programs one by one
 
 
-def _index_vector(x: torch.Tensor) -> torch.Tensor:
-    # int32 or int64 with unit stride as it is; anything else as contiguous int32
-    if x.dtype in (torch.int32, torch.int64) and x.dim() == 1 and x.stride(0) == 1:
+def in_place_vector(x: torch.Tensor) -> bool:
+    """Whether the kernels can read ``x`` (a row vector) in place: int32 or int64, contiguous
+    (or one entry)."""
+    return x.dtype in (torch.int32, torch.int64) and (x.is_contiguous() or x.numel() <= 1)
+
+
+def _index_vector(x):
+    # an integer tensor the kernels cannot read in place as a contiguous int32 copy; anything
+    # else as it is (read in place, or refused by RaggedTopk's checks)
+    if (not isinstance(x, torch.Tensor) or x.dtype.is_floating_point or x.dtype.is_complex
+            or x.dtype == torch.bool or in_place_vector(x)):
         return x
     return x.reshape(-1).to(torch.int32).contiguous()
 

@@ -101,8 +101,6 @@ if triton is not None:
         tl.store(n_ptr, acc)
 
 
-
-
 _INT32 = 1 << 31
 _INT64 = 1 << 63
 

@@ -62,7 +62,7 @@ from ... import envs as _envs
 from ...platform import device_guard, indexed_device
 from .config import (
     FALLBACK_PROGRAMS_PER_SM, SECOND_PROGRAMS_PER_SM, STAT_RETRIED, STAT_SEEDED, STAT_SPLIT, TopkConfig, _check_stats,
-    _index_vector, is_nvidia, _programs, plan_launches, auto_slices, launch_config, seeds_fallback,
+    _index_vector, in_place_vector, is_nvidia, _programs, plan_launches, auto_slices, launch_config, seeds_fallback,
 )
 from .kernels import FALLBACK_LAUNCHER, FILTER_LAUNCHER, SAMPLE_LAUNCHER, SELECT_LAUNCHER, triton
 from .launch import At
@@ -129,11 +129,8 @@ def ragged_topk(
         raise ValueError(f"logits must be a 2-D float32 tensor, got {tuple(logits.shape)} {logits.dtype}")
     rows, n = logits.shape
     # one call: any int layout, converted once (RaggedTopk reads its vectors in place)
-    starts_rel, lengths = (_index_vector(x) if isinstance(x, torch.Tensor) and x.device == logits.device
-                           and not (x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool) else x
-                           for x in (starts_rel, lengths))
-    run = RaggedTopk(logits.device, rows, n, starts_rel, lengths, topk, config=config, stats=stats,
-                     direct_launch=direct_launch)
+    run = RaggedTopk(logits.device, rows, n, _index_vector(starts_rel), _index_vector(lengths), topk, config=config,
+                     stats=stats, direct_launch=direct_launch)
     run(logits, out)
 
 
@@ -170,8 +167,7 @@ class RaggedTopk:
             raise ValueError(f"starts_rel and lengths need {rows} entries (one a row), got {starts_rel.numel()} "
                              f"and {lengths.numel()}")
         for name, x in (("starts_rel", starts_rel), ("lengths", lengths)):
-            if x.device != device or x.dtype not in (torch.int32, torch.int64) or not (
-                    x.is_contiguous() or x.numel() <= 1):
+            if x.device != device or not in_place_vector(x):
                 # a copy would not see the caller's refreshes: the vectors are read in place
                 raise ValueError(f"{name} must be a contiguous int32 or int64 tensor of {rows} entries on {device} "
                                  f"(read in place at every call), got {x.dtype} {list(x.shape)} strides "
