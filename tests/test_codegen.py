@@ -116,6 +116,8 @@ _FILTER_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, cand_p
                    wpos_ptr=_P32, stats_ptr=_P32, rows=_I, stride_lm=_I, stride_om=_I, sample_min=_I, hist_ptr=_P32)
 _FALLBACK_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, out_ptr=_P32, cand32_ptr=_P32,
                      ctl_ptr=_P32, wpos_ptr=_P32, stats_ptr=_P32, rows=_I, stride_lm=_I, stride_om=_I)
+_ROW_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, out_ptr=_P32, wpos_ptr=_P32,
+                stats_ptr=_P32, stride_lm=_I, stride_om=_I)
 _SAMPLE_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, thr_ptr=_P32, tcol_ptr=_P32,
                    thr2_ptr=_P32, cnt_ptr=_P32, wpos_ptr=_P32, ctl_ptr=_P32, rows=_I, stride_lm=_I, sample_min=_I,
                    hist_ptr=_P32)
@@ -139,9 +141,10 @@ def _amd_plan(presample: bool, fused: bool, slices: int = 1):
 
 
 def _topk_kernels(arch: str, presample: bool, fused: bool, slices: int) -> None:
+    from indexer.topk.triton import config as TC
     from indexer.topk.triton import kernels as TK
 
-    _, _, _, sample_kw, filter_kw, retry_kw, selects, fallback_kw = _amd_plan(presample, fused, slices)
+    _, _, _, sample_kw, filter_kw, retry_kw, selects, fallback_kw, _ = _amd_plan(presample, fused, slices)
     assert filter_kw["SL"] == slices
     assert not filter_kw["BALLOT"] and not filter_kw["WB"] and "maxnreg" not in filter_kw
     _compile(TK.filter_kernel, _FILTER_SIG, filter_kw, arch)
@@ -166,6 +169,11 @@ def _topk_kernels(arch: str, presample: bool, fused: bool, slices: int) -> None:
         # without the buffer (fallback_buffer=0), and 3 steps' loads in flight (fallback_prefetch)
         _compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, BUF=0), arch)
         _compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, AHEAD=3), arch)
+    if slices == 1 and not fused:
+        # the row kernel (row_max): 16K-key blocks, each row whole in registers, in one launch
+        row_kw = _topk_plan(dataclasses.replace(TC.DEFAULT_CONFIG, row_max=16384), 16384).row
+        assert not row_kw["WB"] and "maxnreg" not in row_kw
+        _compile(TK.row_kernel, _ROW_SIG, row_kw, arch)
 
 
 def _nvidia_topk_kernels(slices: int) -> None:
@@ -175,7 +183,7 @@ def _nvidia_topk_kernels(slices: int) -> None:
     # ragged_topk's launches with the sm90 config (a CPU device stands for the GPU in the
     # plan, told it is NVIDIA's: ballots, PTX steps and register caps), 1M-key rows
     TC.is_nvidia = lambda device: True
-    _, _, _, sample_kw, filter_kw, retry_kw, selects, fallback_kw = _topk_plan(
+    _, _, _, sample_kw, filter_kw, retry_kw, selects, fallback_kw, _ = _topk_plan(
         TC.CONFIGS["sm90"], 1 << 20, slices=slices)
     assert filter_kw["BALLOT"] and filter_kw["SL"] == slices
     # the filter's PTX step: warp lists (slices=1) or the row's shared list and its atomic counter
@@ -223,6 +231,14 @@ def _nvidia_topk_kernels(slices: int) -> None:
     assert stores is None or (stores and not any(stores)), stores
     _nvidia_compile(TK.sample_kernel, _SAMPLE_SIG, seeded[3], ())
     _nvidia_compile(TK.select_kernel, _SELECT_SIG, seeded[6][0][1], ())
+    if slices == 1:
+        # the row kernel (row_max): its write by warp ballots, and no spill in its loops
+        for n in (8192, 16384):
+            row_kw = _topk_plan(TC.CONFIGS["sm90"], n).row
+            if row_kw is None:
+                continue
+            assert row_kw["WB"]
+            _nvidia_compile(TK.row_kernel, _ROW_SIG, row_kw, ("vote.sync.ballot",))
 
 
 def _logits_kernels(arch: str) -> None:

@@ -281,6 +281,75 @@ def test_every_distribution_selects_the_torch_set_in_one_filtering_pass(dist, kw
     assert stats[TC.STAT_SAMPLED] == rows, stats
 
 
+# the row kernel at toy sizes: rows of up to 2048 keys in registers, its sample runs of 8
+# keys, one key in 4 (so that a 64-key top k leaves the sample a share to rank)
+ROW_SAMPLE = dict(row_max=2048, piece=8, sparse=4, sample_sparse=4)
+
+
+@pytest.mark.parametrize("dist", LOGIT_DISTRIBUTIONS)
+@pytest.mark.parametrize("kw", [dict(), dict(row_sigmas=0.25), dict(row_warps=2)])
+def test_row_kernel_selects_the_torch_set_on_every_distribution(dist, kw):
+    # one launch, each row whole in registers: ties (equal, few distinct, zeros, a flat row
+    # with outliers), ramps, a raised stretch, a sink; shifted, shortened and short windows;
+    # a bracket a quarter sigma wide misses often and must still give the torch set
+    rows, n, topk = 6, 1500, 64
+    logits = logits_like(dist, rows, n, seed=11)
+    starts = torch.tensor([0, 1, 350, 0, 7, 100])
+    lengths = torch.tensor([n, n - 1, n - 700, 300, topk, 40])
+    col = torch.arange(n)
+    inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
+    masked = torch.where(inside, logits, float("-inf"))
+    stats = _check(logits.to(DEVICE), masked, starts, lengths, topk, **dict(ROW_SAMPLE, **kw))
+    assert stats[TC.STAT_WHOLE] == 4 and stats[TC.STAT_SHORT] == 2, stats
+
+
+@pytest.mark.parametrize("quantize", [None, 2.0, 0.25])
+def test_row_kernel_on_ragged_windows_with_ties_at_the_kth_key(quantize):
+    # random windows, an empty row, a row of exactly k keys, values quantized to few levels
+    logits, masked, starts, lengths = _case(9, 1200, 37, seed=21, quantize=quantize, pad=5)
+    stats = _check(logits, masked, starts, lengths, 37, **ROW_SAMPLE)
+    assert stats[TC.STAT_WHOLE] == int((lengths > 37).sum()), stats
+
+
+def test_row_kernel_orders_special_values_like_floats():
+    # signed zeros tie, infinities, NaNs above every number, subnormals, both signs
+    tiny = torch.finfo(torch.float32).tiny
+    big = torch.finfo(torch.float32).max
+    special = torch.tensor([0.0, -0.0, float("-inf"), float("inf"), big, -big, tiny / 4, -tiny / 4, 1.0, -1.0,
+                            float("nan")])
+    g = torch.Generator().manual_seed(5)
+    vals = special[torch.randint(0, special.numel(), (3, 900), generator=g)]
+    starts = torch.tensor([0, 5, 17])
+    lengths = torch.tensor([900, 800, 600])
+    col = torch.arange(900)
+    inside = (col[None] >= starts[:, None]) & (col[None] < (starts + lengths)[:, None])
+    masked = torch.where(inside, vals, float("-inf"))
+    stats = _check(vals.to(DEVICE), masked, starts, lengths, 50, **ROW_SAMPLE)
+    assert stats[TC.STAT_WHOLE] == 3, stats
+
+
+def test_row_kernel_is_the_only_launch_and_needs_no_candidate_scratch():
+    dev = torch.device(DEVICE)
+    starts = torch.zeros(8, dtype=torch.int32, device=dev)
+    lengths = torch.full((8,), 1500, dtype=torch.int32, device=dev)
+    run = T.RaggedTopk(dev, 8, 1500, starts, lengths, 64, config=_cfg(**ROW_SAMPLE))
+    assert run.scratch_numel == 4  # a write counter a row, int32
+    run.bind(torch.empty(4, dtype=torch.int64, device=dev))
+    assert len(run.launches) == 1 and run.plan.row is not None
+    # blocks wider than row_max, or split rows, keep the sample / filter / select launches
+    wide = T.RaggedTopk(dev, 8, 4000, starts, lengths, 64, config=_cfg(**ROW_SAMPLE))
+    split = T.RaggedTopk(dev, 8, 1500, starts, lengths, 64, config=_cfg(slices=2, **ROW_SAMPLE))
+    for other in (wide, split):
+        assert other.plan.row is None and other.scratch_numel > 8 * 64
+
+
+@pytest.mark.parametrize("field,bad", [("row_max", 3000), ("row_max", 1 << 17), ("row_max", -1), ("row_max", 2.0),
+                                       ("row_warps", 3), ("row_sigmas", 0), ("row_sigmas", "2")])
+def test_a_bad_row_kernel_field_is_refused(field, bad):
+    with pytest.raises(ValueError, match=field):
+        dataclasses.replace(TC.DEFAULT_CONFIG, **{field: bad})
+
+
 @pytest.mark.parametrize("dist", ["equal", "descending", "outliers"])
 def test_ties_and_ramps_keep_the_sampled_path_at_the_default_sample(dist):
     # the default sample (runs of 16 keys every 512) and scratch on rows of 40K keys
@@ -406,11 +475,11 @@ def _default_plan(topk, n, presample=None, slices=1, **fields):
 
 def test_split_rows_take_their_threshold_from_the_sample_kernel():
     # slices > 1 runs the sample kernel whatever presample says, and refuses the fused select
-    _, _, _, sample_kw, filter_kw, retry_kw, selects, _ = _default_plan(64, 100000, presample=False, slices=4)
+    _, _, _, sample_kw, filter_kw, retry_kw, selects, _, _ = _default_plan(64, 100000, presample=False, slices=4)
     assert sample_kw is not None and filter_kw["SL"] == 4 and filter_kw["PRESAMPLE"]
     assert retry_kw["RETRY"] and not filter_kw["RETRY"]
     assert all(kw["W"] == 1 for _, kw in selects)  # one list per row
-    _, _, _, sample_kw, filter_kw, retry_kw, _, _ = _default_plan(64, 100000, presample=False)
+    _, _, _, sample_kw, filter_kw, retry_kw, _, _, _ = _default_plan(64, 100000, presample=False)
     assert sample_kw is None and retry_kw is None and filter_kw["SL"] == 1
 
 
@@ -419,13 +488,13 @@ def test_rows_past_the_filters_sample_take_the_sample_kernel():
     # rows longer than the filter's own sample covers at one key in 32 (256 runs of 16 keys:
     # 128K keys); asked for explicitly, off stays off
     assert not TC.DEFAULT_CONFIG.presample
-    _, _, _, sample_kw, filter_kw, _, _, _ = _default_plan(2048, 1 << 20)
+    _, _, _, sample_kw, filter_kw, _, _, _, _ = _default_plan(2048, 1 << 20)
     assert sample_kw is not None and filter_kw["PRESAMPLE"]
     # the sample kernel also gives the retry's threshold, for rows shorter than RETRY_FROM
     # (longer whole rows take the split fallback instead); the filter only loads it
     assert filter_kw["SECOND"] and sample_kw["SECOND"]
     assert sample_kw["RETRY_FROM"] == filter_kw["RETRY_FROM"] == TC.RETRY_SPLIT
-    _, _, _, sample_kw, filter_kw, _, _, _ = _default_plan(2048, 1 << 20, retry_split=0)
+    _, _, _, sample_kw, filter_kw, _, _, _, _ = _default_plan(2048, 1 << 20, retry_split=0)
     assert sample_kw["RETRY_FROM"] == filter_kw["RETRY_FROM"] == 0 and filter_kw["SECOND"]
     assert _default_plan(2048, 1 << 17, presample=True)[4]["SECOND"]
     assert not _default_plan(2048, 1 << 17, presample=False)[4]["SECOND"]
@@ -1276,16 +1345,16 @@ def test_split_fallback_ballots_are_planned_where_they_can_run(monkeypatch):
     plan = TC.plan_launches.__wrapped__
     cpu = torch.device("cpu")
     base = dataclasses.replace(TC.DEFAULT_CONFIG, fallback_split=32768)
-    assert not plan(cpu, base, 2048, 1 << 20, 1, False)[-1]["WB"]
+    assert not plan(cpu, base, 2048, 1 << 20, 1, False).fallback["WB"]
     monkeypatch.setattr(TC, "is_nvidia", lambda device: True)
-    assert plan(cpu, base, 2048, 1 << 20, 1, False)[-1]["WB"]
-    assert not plan(cpu, dataclasses.replace(base, fallback_ballot=False), 2048, 1 << 20, 1, False)[-1]["WB"]
+    assert plan(cpu, base, 2048, 1 << 20, 1, False).fallback["WB"]
+    assert not plan(cpu, dataclasses.replace(base, fallback_ballot=False), 2048, 1 << 20, 1, False).fallback["WB"]
     for narrow in (dict(fallback_block=256), dict(fallback_slice=256, fallback_block=256)):
-        assert not plan(cpu, dataclasses.replace(base, **narrow), 2048, 1 << 20, 1, False)[-1]["WB"]
+        assert not plan(cpu, dataclasses.replace(base, **narrow), 2048, 1 << 20, 1, False).fallback["WB"]
         with pytest.raises(ValueError, match="fallback_ballot"):
             plan(cpu, dataclasses.replace(base, fallback_ballot=True, **narrow), 2048, 1 << 20, 1, False)
     # the register cap reaches the launch
-    assert plan(cpu, dataclasses.replace(base, fallback_maxnreg=64), 2048, 1 << 20, 1, False)[-1]["maxnreg"] == 64
+    assert plan(cpu, dataclasses.replace(base, fallback_maxnreg=64), 2048, 1 << 20, 1, False).fallback["maxnreg"] == 64
 
 
 def test_the_filters_counts_start_the_fallback_by_default_where_every_filter_program_fits(monkeypatch):

@@ -10,7 +10,7 @@ import functools
 import numbers
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 import torch
 
@@ -199,6 +199,15 @@ class TopkConfig:
             buffer where it fits, else counts the next digit below them, instead of starting
             from the top digit. ``None``: :func:`seeds_fallback` decides from the launch (on
             NVIDIA where every filter program stays resident at ``seeded_filter_maxnreg``).
+        row_max: Blocks of more than ``tile`` and at most this many keys (a power of two up
+            to 65536, or ``0``: never) are selected by one launch of one program a row that
+            holds the whole row in registers (``row_kernel``): no sample, filter or select
+            launch and no candidate lists; its sample brackets the k-th key and the counts
+            run on the row itself. Whole rows only (``slices`` 1, not ``fused``).
+        row_warps: Warps of that launch (a power of two).
+        row_maxnreg: Register cap of that launch (NVIDIA only; ``0`` or ``None``: no cap).
+        row_sigmas: Standard deviations on either side of its sample's share of the top k
+            that its two bracketing keys lie (a miss costs counts, not the result).
         seeded_filter_maxnreg: Register cap of a streaming filter that also counts the keys
             its lists have no room for (``fallback_seed``; NVIDIA only; in place of
             ``streaming_filter_maxnreg``, where that applies; ``0``: no cap). ``None``:
@@ -249,6 +258,10 @@ class TopkConfig:
     fallback_items: int = 0
     fallback_seed: bool | None = None
     seeded_filter_maxnreg: int | None = None
+    row_max: int = 0
+    row_warps: int = 8
+    row_maxnreg: int | None = None
+    row_sigmas: float = 2.0
 
     def __post_init__(self) -> None:
         for name in ("fused", "tile_write", "dynamic", "ballot_write", "sample_jitter", "filter_deal"):
@@ -258,7 +271,8 @@ class TopkConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{name} must be True, False or None, got {value!r}")
-        for name in ("num_warps", "filter_block", "select_warps", "block", "pieces", "piece", "sample_max"):
+        for name in ("num_warps", "filter_block", "select_warps", "block", "pieces", "piece", "sample_max",
+                     "row_warps"):
             value = getattr(self, name)
             if not (_int(value) and _pow2(value)):
                 raise ValueError(f"{name} must be a power of two, got {value!r}")
@@ -270,6 +284,11 @@ class TopkConfig:
             value = getattr(self, name)
             if not (_int(value) and value >= 1):
                 raise ValueError(f"{name} must be an int of at least 1, got {value!r}")
+        # (a Triton tile: the row's keys, a thread's share of them held in registers)
+        if not (_int(self.row_max) and (self.row_max == 0 or _pow2(self.row_max)) and self.row_max <= 1 << 16):
+            raise ValueError(f"row_max must be 0 or a power of two of at most 65536, got {self.row_max!r}")
+        if not (isinstance(self.row_sigmas, numbers.Real) and self.row_sigmas > 0):
+            raise ValueError(f"row_sigmas must be positive, got {self.row_sigmas!r}")
         if not (_int(self.sample_min) and self.sample_min >= 0):
             raise ValueError(f"sample_min must be an int >= 0, got {self.sample_min!r}")
         if not (_int(self.retry_split) and self.retry_split >= 0):
@@ -297,7 +316,7 @@ class TopkConfig:
         if self.radix_bits not in (1, 2, 4, 8) or not _int(self.radix_bits):
             raise ValueError(f"radix_bits must be 1, 2, 4 or 8, got {self.radix_bits!r}")
         for name in ("streaming_filter_maxnreg", "seeded_filter_maxnreg", "filter_maxnreg", "select_maxnreg",
-                     "fallback_maxnreg"):
+                     "fallback_maxnreg", "row_maxnreg"):
             value = getattr(self, name)
             if value is not None and not (_int(value) and (value == 0 or 24 <= value <= 255)):
                 raise ValueError(f"{name} must be None, 0 (no cap) or an int in 24-255; got {value!r}")
@@ -477,15 +496,31 @@ def _write_chunk(slots: int, warps: int, tile_write: bool, ballot_write: bool) -
     return chunk, ballot_write and chunk % (128 * warps) == 0
 
 
+class LaunchPlan(NamedTuple):
+    """:func:`plan_launches`'s answer: a call's launches and their keywords (``None`` or empty
+    where a launch is not planned)."""
+
+    programs_per_sm: int
+    num_warps: int
+    cap: int
+    sample: LaunchKw | None
+    filter: LaunchKw | None
+    retry: LaunchKw | None
+    selects: tuple
+    fallback: LaunchKw | None
+    row: LaunchKw | None
+
+
 @functools.lru_cache(maxsize=256)
 def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, slices: int, has_stats: bool,
-          count_retries: bool = False, count_split: bool = False, count_seeded: bool = False) -> tuple:
+          count_retries: bool = False, count_split: bool = False, count_seeded: bool = False) -> LaunchPlan:
     """``config`` on ``device`` for rows of at most ``n`` keys and ``slices`` programs a row,
     checked against the device and the call and turned into the launches' arguments, once
-    per distinct call shape (a frozen config is its own cache key): ``(programs_per_sm,
-    num_warps, cap, sample kernel keywords or None, filter kernel keywords, the split rows'
-    retry launch's keywords or None, ((first, select kernel keywords), ...), the split
-    fallback's keywords or None)``.
+    per distinct call shape (a frozen config is its own cache key): the sample kernel's
+    keywords or None, the filter kernel's, the split rows' retry launch's or None, ``((first,
+    select kernel keywords), ...)``, the split fallback's or None, and the row kernel's or
+    None; with the row kernel (``row_max``) it is the call's only launch, and the others are
+    ``None`` or empty.
 
     Raises:
         ValueError: a field the device or the call rules out, named.
@@ -509,7 +544,7 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
     cap = default_cap(topk) if c.cap is None else c.cap
     tile = min(max(_next_pow2(2 * topk), num_warps), cap) if c.tile is None else c.tile
     for name, value in (("filter_maxnreg", filter_maxnreg), ("select_maxnreg", c.select_maxnreg),
-                        ("fallback_maxnreg", c.fallback_maxnreg)):
+                        ("fallback_maxnreg", c.fallback_maxnreg), ("row_maxnreg", c.row_maxnreg)):
         if value and not is_nvidia(device):
             raise ValueError(f"{name} must be None, 0 (no cap) or, on an NVIDIA GPU, an int in 24-255; got {value!r} "
                              f"on {device}")
@@ -537,6 +572,16 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
     ballot = _ballot_ok(device, num_warps, filter_block) if c.ballot is None else c.ballot
     # the sample kernel's runs: enough for one key in `sparse` of the longest row, up to sample_max
     runs = sample_runs(n, piece, c.sparse, c.sample_max, c.pieces, c.sample_sparse)
+    if c.row_max and tile < n <= c.row_max and slices == 1 and not fused:
+        # one launch, the whole row in registers: no sample, filter, select or fallback launch
+        whole = _next_pow2(n)
+        # its write re-reads the row in chunks of four keys a thread (the ballot's unit)
+        chunk = min(whole, max(1024, 128 * c.row_warps))
+        row_kw = LaunchKw(K=topk, KP=_next_pow2(topk), T=whole, NP=runs, PIECE=piece, SPARSE=c.sparse,
+                          SIGMAS=float(c.row_sigmas), SLACK=float(c.sample_slack), CH=chunk,
+                          WB=bool(c.ballot_write) and chunk % (128 * c.row_warps) == 0, STATS=has_stats,
+                          num_warps=c.row_warps, **(dict(maxnreg=c.row_maxnreg) if c.row_maxnreg else {}))
+        return LaunchPlan(c.programs_per_sm, num_warps, cap, None, None, None, (), None, row_kw)
     if presample is None:
         # the sample kernel's larger sample for rows longer than the filter's own serves
         presample = not fused and runs > c.pieces
@@ -583,7 +628,7 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
     selects = select_launches(common, tile, cap, c.select_warps, fused, c.tile_write, c.select_maxnreg,
                                c.ballot_write, c.fallback_split if fallback_kw is not None else 0,
                                fallback_kw["BUF"] if seed else None, bool(count_seeded))
-    return c.programs_per_sm, num_warps, cap, sample_kw, filter_kw, retry_kw, selects, fallback_kw
+    return LaunchPlan(c.programs_per_sm, num_warps, cap, sample_kw, filter_kw, retry_kw, selects, fallback_kw, None)
 
 
 def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, count: bool = False,

@@ -280,10 +280,25 @@ if triton is not None:
         bit search's: sampled candidates of H200-shaped logits 7.3-8.0 against 14.3; whole
         rows of 3000-4096 such keys 13.2-13.3 against 17.3-17.5; 4096 normal, uniform or
         exponential floats 11.4 / 10.5 / 9.1 against 13.6 / 14.6 / 17.9."""
+        a, _, _ = kth_between(keys, need, lo, count_lo, hi.to(tl.int64) + 1, tl.full((), 0, tl.int32), BISECT_AFTER,
+                              SPAN)
+        return a
+
+    @triton.jit
+    def kth_between(keys, need, lo, count_lo, b, count_b, BISECT_AFTER: tl.constexpr, SPAN: tl.constexpr,
+                    SNAP: tl.constexpr = False):
+        """:func:`kth_key` from a bracket ``[lo, b)`` whose both ends' counts are known:
+        ``count_lo >= need`` keys at or above ``lo``, ``count_b < need`` at or above ``b``
+        (int64, so that ``2**31`` fits). Returns ``(x, count(keys >= x), count(keys >= x +
+        1))``; the last is exact only where the bracket ended one key wide (where the first
+        is not ``need``: ``x`` is then the ``need``-th largest key, tied). With ``SNAP``, a
+        count that finds no key between the probe and the end it replaces (keys of few
+        distinct values, where the bracket would otherwise shrink a few keys a count) moves
+        that end to the nearest key instead, by one reduction."""
         a = lo.to(tl.int64)  # count(keys >= a) = ca >= need
-        b = hi.to(tl.int64) + 1  # count(keys >= b) = cb < need
+        b = b.to(tl.int64)  # count(keys >= b) = cb < need
         ca = count_lo
-        cb = tl.full((), 0, tl.int32)
+        cb = count_b
         wa = tl.full((), 1.0, tl.float32)
         wb = tl.full((), 1.0, tl.float32)
         side = tl.full((), 0, tl.int32)
@@ -297,6 +312,13 @@ if triton is not None:
             p = tl.minimum(tl.maximum(p, a + 1), b - 1)
             c = tl.sum((keys >= p.to(tl.int32)).to(tl.int32), axis=0)
             up = c >= need
+            if SNAP:
+                if c == ca:
+                    # no key in [a, p): the least key at or above p has the same count
+                    p = tl.min(tl.where(keys >= p.to(tl.int32), keys, 2147483647), axis=0).to(tl.int64)
+                elif c == cb:
+                    # no key in [p, b): one past the largest key below p has the same count
+                    p = tl.max(tl.where(keys < p.to(tl.int32), keys, -2147483648), axis=0).to(tl.int64) + 1
             a = tl.where(up, p, a)
             ca = tl.where(up, c, ca)
             b = tl.where(up, b, p)
@@ -305,7 +327,7 @@ if triton is not None:
             wa = tl.where(~up & (side == -1), wa * 0.5, 1.0)
             side = tl.where(up, 1, -1)
             steps += 1
-        return a.to(tl.int32)
+        return a.to(tl.int32), ca, cb
 
     @triton.jit
     def _sample_keys(base, sidx, smask):
@@ -1545,9 +1567,106 @@ if triton is not None:
                 i = tl.num_programs(0) + tl.atomic_add(ctl_ptr + 2, 1)
 
 
+    @triton.jit
+    def row_kernel(
+        logits_ptr, starts_ptr, lengths_ptr, out_ptr, wpos_ptr, stats_ptr, stride_lm, stride_om,
+        K: tl.constexpr,
+        KP: tl.constexpr,
+        T: tl.constexpr,
+        NP: tl.constexpr,
+        PIECE: tl.constexpr,
+        SPARSE: tl.constexpr,
+        SIGMAS: tl.constexpr,
+        SLACK: tl.constexpr,
+        CH: tl.constexpr,
+        WB: tl.constexpr,
+        STATS: tl.constexpr,
+    ):
+        """The top k of row ``program_id`` (at most ``T`` keys) in one program, with no
+        scratch but the row's write counter ``wpos[row]`` (zeroed here). The row's keys are
+        loaded once into registers. A sample of the row (runs of ``PIECE`` keys, one key in
+        ``SPARSE``, at most ``NP`` runs, as the sample kernel's) gives two keys, ``SIGMAS``
+        standard deviations (and at least a run) deeper and shallower than the sample's share
+        of the top k (the deep one's search ends once at most ``(1 + SLACK)`` times its rank
+        reach it); both are counted on the whole row, and :func:`kth_between` searches the
+        bracket they make. An end the counts refute is replaced by the row's least or largest
+        key, so a sample that misses costs counts, never the result; where the shallow key
+        already has k keys at or above it, one more count tells whether it is the k-th key
+        itself (a tie: equal values, a flat row, zeros). Ties at the k-th key go to the lowest
+        columns (a scan of the tied keys); the indices are written by warp ballots (``WB``)
+        or at a scan's positions. Counted in ``stats[3]`` (rows selected whole)."""
+        row = tl.program_id(0).to(tl.int64)
+        length = tl.load(lengths_ptr + row).to(tl.int32)
+        obase = out_ptr + row * stride_om
+        if length <= K:
+            kk = tl.arange(0, KP)
+            tl.store(obase + kk, tl.where(kk < length, kk, -1), mask=kk < K)
+            if STATS:
+                tl.atomic_add(stats_ptr + 0, 1)
+        else:
+            if WB:
+                # the ballot write's slot counter; the reductions below put barriers between
+                # this store and the write's atomics
+                tl.store(wpos_ptr + row, 0)
+            base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
+            idx = tl.arange(0, T)
+            inside = idx < length
+            # the row's loads first: the sample's search runs while they are in flight
+            v = tl.load(base + idx, mask=inside, other=0.0)
+            keys = tl.where(inside, _skey(v), -2147483648)
+            si = tl.arange(0, NP * PIECE)
+            sidx, smask, s, spread = _row_sample(length, si // PIECE, si % PIECE, NP, PIECE, SPARSE, False)
+            skeys = _sample_keys(base, sidx, smask)
+            mu = K * s.to(tl.float32) / length.to(tl.float32)
+            deep = _run_rank(K, s, length, SIGMAS, PIECE)
+            shallow = tl.maximum((mu - tl.maximum(SIGMAS * tl.sqrt(mu), PIECE)).to(tl.int32), 1)
+            stop = (SLACK * deep.to(tl.float32)).to(tl.int32)
+            x_lo = _search(skeys, deep, -2147483648, 2147483647, deep + stop, 0)
+            # (the shallow rank's key is at or above the deep one's, so x_lo bounds it below)
+            x_hi = _search(skeys, shallow, x_lo, 2147483647, shallow, 0)
+            c_lo = tl.sum((keys >= x_lo).to(tl.int32), axis=0)
+            c_hi = tl.sum((keys >= x_hi).to(tl.int32), axis=0)
+            # the bracket [a, b): count(a) >= K > count(b); empty slots (-2**31) lie below
+            # every key, so all T slots are at or above it
+            a = tl.where(c_lo >= K, x_lo, -2147483648)
+            ca = tl.where(c_lo >= K, c_lo, T)
+            b = x_hi.to(tl.int64)
+            cb = c_hi
+            if c_hi >= K:
+                # the k-th key is at or above the sample's shallow key: that key itself where
+                # the keys above it are too few (a tie there: equal keys, a flat row, zeros)
+                c_next = tl.sum((keys > x_hi).to(tl.int32), axis=0)
+                a = x_hi
+                ca = c_hi
+                b = x_hi.to(tl.int64) + 1
+                cb = c_next
+                if c_next >= K:
+                    a = x_hi + 1
+                    ca = c_next
+                    b = tl.max(keys, axis=0).to(tl.int64) + 1
+                    cb = tl.full((), 0, tl.int32)
+            kth, at_kth, above_kth = kth_between(keys, K, a, ca, b, cb, _BISECT_AFTER, _SPAN, True)
+            # the write re-reads the row (from cache) a chunk at a time: the key tile and its
+            # columns held to the end took a program's registers past two programs an SM
+            need = tl.where(at_kth == K, T, K - above_kth)  # tied keys taken, lowest columns first
+            tied = tl.full((), 0, tl.int32)
+            taken = tl.full((), 0, tl.int32)
+            for c0 in range(0, T, CH):
+                i = c0 + tl.arange(0, CH)
+                m = i < length
+                key = tl.where(m, _skey(tl.load(base + i, mask=m, other=0.0)), -2147483648)
+                eq = key == kth
+                take = (key > kth) | (eq & (tied + tl.cumsum(eq.to(tl.int32), axis=0) <= need))
+                tied += tl.sum(eq.to(tl.int32), axis=0)
+                taken = _write_out(obase, take, i, wpos_ptr + row, taken, WB)
+            if STATS:
+                tl.atomic_add(stats_ptr + 3, 1)
+
+
     SAMPLE_LAUNCHER = Launcher(sample_kernel)
+    ROW_LAUNCHER = Launcher(row_kernel)
     FILTER_LAUNCHER = Launcher(filter_kernel)
     SELECT_LAUNCHER = Launcher(select_kernel)
     FALLBACK_LAUNCHER = Launcher(fallback_kernel)
 else:
-    SAMPLE_LAUNCHER = FILTER_LAUNCHER = SELECT_LAUNCHER = FALLBACK_LAUNCHER = None
+    SAMPLE_LAUNCHER = FILTER_LAUNCHER = SELECT_LAUNCHER = FALLBACK_LAUNCHER = ROW_LAUNCHER = None

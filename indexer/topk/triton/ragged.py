@@ -64,7 +64,7 @@ from .config import (
     FALLBACK_PROGRAMS_PER_SM, SECOND_PROGRAMS_PER_SM, STAT_RETRIED, STAT_SEEDED, STAT_SPLIT, TopkConfig, _check_stats,
     _index_vector, in_place_vector, is_nvidia, _programs, plan_launches, auto_slices, launch_config, seeds_fallback,
 )
-from .kernels import FALLBACK_LAUNCHER, FILTER_LAUNCHER, SAMPLE_LAUNCHER, SELECT_LAUNCHER, triton
+from .kernels import FALLBACK_LAUNCHER, FILTER_LAUNCHER, ROW_LAUNCHER, SAMPLE_LAUNCHER, SELECT_LAUNCHER, triton
 from .launch import At
 from .ptx import SEED_BINS
 
@@ -202,8 +202,12 @@ class RaggedTopk:
         _, num_warps, cap = self.plan[:3]
         # (split rows: a list counter and a slices-done counter a row)
         self.counters = max(num_warps, 2)
-        # (int32 slots past the lists: counters, thresholds, ctl, then a histogram a row)
-        self.scratch_numel = rows * cap + (rows * (self.counters + 7 + SEED_BINS) + 7) // 2
+        if self.plan.row is not None:
+            # the row kernel's only scratch: a write counter a row
+            self.scratch_numel = (rows + 1) // 2
+        else:
+            # (int32 slots past the lists: counters, thresholds, ctl, then a histogram a row)
+            self.scratch_numel = rows * cap + (rows * (self.counters + 7 + SEED_BINS) + 7) // 2
         self.buf = None
 
     def bind(self, scratch: torch.Tensor) -> None:
@@ -213,7 +217,7 @@ class RaggedTopk:
                 or scratch.device != self.device or (scratch.numel() > 1 and scratch.stride(0) != 1)):
             raise ValueError(f"scratch must be int64 [>= {self.scratch_numel}] with unit stride on {self.device}, got "
                              f"{scratch.dtype} {list(scratch.shape)} on {scratch.device}")
-        rows, cap = self.rows, self.plan[2]
+        rows, cap = self.rows, self.plan.cap
         # one allocation: the candidate lists (an int64 slot: value bits, column), then int32
         # per-list counts, thresholds, their column cuts, the retry's thresholds and cuts, write
         # counters and ctl: [0] the filter's next row or slice (dynamic), [1] rows queued for the
@@ -226,6 +230,10 @@ class RaggedTopk:
         self.buf = scratch
         cand32 = self.cand32 = scratch.view(torch.int32)
         base = cand32.data_ptr()
+        if self.plan.row is not None:
+            self.wpos = At(cand32, 0, base)
+            self._bind_launches()
+            return
         self.at_wpos = at_wpos = 2 * lists + rows * (self.counters + 4)
         self.counts = At(cand32, 2 * lists, base)
         self.thr = At(cand32, at_wpos - 4 * rows, base)
@@ -241,7 +249,12 @@ class RaggedTopk:
         # every argument but the logits, out and their row strides is fixed from here on: the
         # launches convert only those per call (0: placeholders, given at every call)
         rows, device, direct, index = self.rows, self.device, self.direct, self.device.index
-        programs_per_sm, _, _, sample_kw, filter_kw, retry_kw, selects, fallback_kw = self.plan
+        programs_per_sm, _, _, sample_kw, filter_kw, retry_kw, selects, fallback_kw, row_kw = self.plan
+        if row_kw is not None:
+            stats = self.stats if self.stats is not None else self.lens
+            args = (0, self.starts, self.lens, 0, self.wpos, stats, 0, 0)
+            self.launches = ((rows, ROW_LAUNCHER.bind(args, row_kw, index, direct, (0, 3, 6, 7)), (0, 1, 2, 3)),)
+            return
         starts, lens, cand32, buf = self.starts, self.lens, self.cand32, self.buf
         counts, thr, tcol, thr2, wpos, ctl = self.counts, self.thr, self.tcol, self.thr2, self.wpos, self.ctl
         hist = self.hist
@@ -293,9 +306,9 @@ class RaggedTopk:
         # read; the select also loads them for a row of the fallback path (shorter than
         # sample_min, never filtered), whose path is already set by its length: the values
         # read there are never used
-        if self.plan[3] is None:
+        if self.plan.sample is None and self.plan.row is None:
             self.cand32[self.at_wpos: self.at_wpos + rows + 5].zero_()  # wpos and ctl[0:5], adjacent
-            if self.plan[4]["HIST"]:
+            if self.plan.filter["HIST"]:
                 self.cand32[self.at_hist: self.at_hist + rows * SEED_BINS].zero_()
         values = (logits, out, logits.stride(0), out.stride(0))
         with device_guard(logits):
