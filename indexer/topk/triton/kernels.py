@@ -221,6 +221,14 @@ if triton is not None:
         tl.store(hist + tl.arange(0, _SEED_BINS), tl.zeros((_SEED_BINS,), tl.int32))
 
     @triton.jit
+    def _write_short(obase, length, stats_ptr, K: tl.constexpr, KP: tl.constexpr, STATS: tl.constexpr):
+        # a row of at most K keys: every column of it, then -1 (counted in stats[0])
+        kk = tl.arange(0, KP)
+        tl.store(obase + kk, tl.where(kk < length, kk, -1), mask=kk < K)
+        if STATS:
+            tl.atomic_add(stats_ptr + 0, 1)
+
+    @triton.jit
     def _write_out(obase, sel, value, wpos_ptr, taken, WB: tl.constexpr):
         """``value`` of the selected elements of a chunk to ``obase``, after the ``taken``
         written before it: by warp ballots (:func:`_warp_store`, slots from the row's counter
@@ -1420,10 +1428,7 @@ if triton is not None:
         T: tl.constexpr = W * STW
         idx = tl.arange(0, T)
         if length <= K:
-            kk = tl.arange(0, KP)
-            tl.store(obase + kk, tl.where(kk < length, kk, -1), mask=kk < K)
-            if STATS:
-                tl.atomic_add(stats_ptr + 0, 1)
+            _write_short(obase, length, stats_ptr, K, KP, STATS)
         else:
             whole = length <= WHOLE
             # 0: select on the tile, 1: fallback path, 2: a later launch
@@ -1599,10 +1604,7 @@ if triton is not None:
         length = tl.load(lengths_ptr + row).to(tl.int32)
         obase = out_ptr + row * stride_om
         if length <= K:
-            kk = tl.arange(0, KP)
-            tl.store(obase + kk, tl.where(kk < length, kk, -1), mask=kk < K)
-            if STATS:
-                tl.atomic_add(stats_ptr + 0, 1)
+            _write_short(obase, length, stats_ptr, K, KP, STATS)
         else:
             if WB:
                 # the ballot write's slot counter; the reductions below put barriers between
