@@ -232,13 +232,14 @@ def _nvidia_topk_kernels(slices: int) -> None:
     _nvidia_compile(TK.sample_kernel, _SAMPLE_SIG, seeded[3], ())
     _nvidia_compile(TK.select_kernel, _SELECT_SIG, seeded[6][0][1], ())
     if slices == 1:
-        # the row kernel (row_max): its write by warp ballots, and no spill in its loops
-        for n in (8192, 16384):
+        # the row kernel (row_max): 8K-key rows at 8 warps uncapped, 16K-key rows at 16 warps
+        # capped at 64 registers; its write by warp ballots, and no spill in the write's loop
+        for n, warps, cap in ((8192, 8, None), (16384, 16, 64)):
             row_kw = _topk_plan(TC.CONFIGS["sm90"], n).row
-            if row_kw is None:
-                continue
-            assert row_kw["WB"]
-            _nvidia_compile(TK.row_kernel, _ROW_SIG, row_kw, ("vote.sync.ballot",))
+            assert row_kw["WB"] and row_kw["num_warps"] == warps and row_kw.get("maxnreg") == cap
+            kernel = _nvidia_compile(TK.row_kernel, _ROW_SIG, row_kw, ("vote.sync.ballot",))
+            stores = _loop_local_stores(kernel)
+            assert stores is None or (stores and not any(stores)), stores
 
 
 def _logits_kernels(arch: str) -> None:

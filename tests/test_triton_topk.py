@@ -20,8 +20,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _cfg(**kw):
-    # the device's launch config with the fields in `kw` changed
-    return dataclasses.replace(TC.launch_config(torch.device(DEVICE)), **kw)
+    # the device's launch config with the fields in `kw` changed; the row kernel off unless
+    # `kw` asks (the tests' rows are short and few enough for it, and most name other paths)
+    return dataclasses.replace(TC.launch_config(torch.device(DEVICE)), **dict(dict(row_max=0), **kw))
 
 
 def _case(rows, n, topk, seed, quantize=None, pad=0, min_length=0):
@@ -343,8 +344,56 @@ def test_row_kernel_is_the_only_launch_and_needs_no_candidate_scratch():
         assert other.plan.row is None and other.scratch_numel > 8 * 64
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("dist", ["gaussian", "equal", "ascending", "stripes"])
+def test_the_shipped_config_selects_few_short_rows_by_the_row_kernel(dist):
+    # the device's own launch config (sm90: 16K-key rows at 16 warps capped at 64 registers,
+    # 8K-key rows at 8 warps) on the model's top-k; causal lengths ending at n keys
+    dev = torch.device("cuda")
+    config = TC.launch_config(dev)
+    rows, topk = 96, 2048
+    for n in (8192, 16384):
+        logits = logits_like(dist, rows, n, seed=n)
+        starts = torch.zeros(rows, dtype=torch.int64)
+        lengths = torch.arange(n - rows + 1, n + 1)
+        lengths[:2] = torch.tensor([topk, 100])
+        col = torch.arange(n)
+        masked = torch.where(col[None] < lengths[:, None], logits, float("-inf"))
+        if config.row_max < n:
+            pytest.skip(f"this device's config has no row kernel for {n}-key rows")
+        run = T.RaggedTopk(dev, rows, n, starts.to(dev), lengths.to(dev), topk, config=config)
+        assert run.plan.row is not None and run.plan.filter is None and run.plan.sample is None
+        got = torch.full((rows, topk), 7, dtype=torch.int32, device=dev)
+        run(logits.to(dev), got)
+        want = torch.empty(rows, topk, dtype=torch.int32)
+        row_topk(masked, starts, lengths, topk, want)
+        assert torch.equal(got.cpu().sort(1).values, want.sort(1).values)
+
+
+def test_the_row_kernel_runs_where_the_rows_are_few_with_the_keys_a_thread_of_row_warps(monkeypatch):
+    sm90 = TC.CONFIGS["sm90"]
+    assert (sm90.row_max, sm90.row_warps, sm90.row_keys_per_sm) == (16384, 16, 16384)
+    # 132 SMs (an H100 or H200) take 132 * 16384 keys: 132 rows of 16K keys, 264 of 8K
+    assert TC.row_kernel_fits(sm90, 132, 16384, 132) and not TC.row_kernel_fits(sm90, 133, 16384, 132)
+    assert TC.row_kernel_fits(sm90, 264, 5000, 132) and not TC.row_kernel_fits(sm90, 265, 5000, 132)
+    assert TC.row_kernel_fits(sm90, 1 << 20, 16384, None)
+    assert TC.row_kernel_fits(dataclasses.replace(sm90, row_keys_per_sm=None), 1 << 20, 16384, 132)
+    assert [TC.row_warps(sm90, whole) for whole in (4096, 8192, 16384)] == [4, 8, 16]
+    assert [TC.row_warps(_cfg(row_max=2048, row_warps=2), whole) for whole in (1024, 2048)] == [2, 2]
+    # the register cap applies at row_warps warps only; a call past the budget plans the launches
+    # (a CPU device stands for an NVIDIA GPU in the plan: register caps)
+    monkeypatch.setattr(TC, "is_nvidia", lambda device: True)
+    config = _cfg(row_max=4096, row_warps=8, row_maxnreg=64)
+    short, full = (TC.plan_launches(torch.device("cpu"), config, 256, n, 1, False).row for n in (1500, 4000))
+    assert (short["num_warps"], full["num_warps"]) == (4, 8)
+    assert "maxnreg" not in short and full["maxnreg"] == 64
+    over = TC.plan_launches(torch.device("cpu"), config, 256, 4000, 1, False, row_fits=False)
+    assert over.row is None and over.filter is not None
+
+
 @pytest.mark.parametrize("field,bad", [("row_max", 3000), ("row_max", 1 << 17), ("row_max", -1), ("row_max", 2.0),
-                                       ("row_warps", 3), ("row_sigmas", 0), ("row_sigmas", "2")])
+                                       ("row_warps", 3), ("row_sigmas", 0), ("row_sigmas", "2"),
+                                       ("row_keys_per_sm", 0), ("row_keys_per_sm", 1.5)])
 def test_a_bad_row_kernel_field_is_refused(field, bad):
     with pytest.raises(ValueError, match=field):
         dataclasses.replace(TC.DEFAULT_CONFIG, **{field: bad})

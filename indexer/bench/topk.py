@@ -401,11 +401,17 @@ def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float
     ragged.ragged_topk(logits, starts, lengths, k, out, stats=stats)
     s = stats.tolist()
     slices = topk_config.auto_slices(device, m, n, topk_config.launch_config(device).programs_per_sm)
+    row_kernel = ragged.RaggedTopk(device, m, n, starts, lengths, k).plan.row is not None
     note = (f"sampled {s[topk_config.STAT_SAMPLED] / m:.0%}, fallback {s[topk_config.STAT_PLAIN]} "
             f"({s[topk_config.STAT_SPLIT]} split), whole-row {s[topk_config.STAT_WHOLE]}, "
             f"retried {s[topk_config.STAT_RETRIED]}"
-            + (f"; {slices} programs a row" if slices > 1 else ""))
+            + (f"; {slices} programs a row" if slices > 1 else "") + ("; row kernel" if row_kernel else ""))
     found = [add("triton", lambda: ragged.ragged_topk(logits, starts, lengths, k, out), note)]
+    if row_kernel:
+        # the same rows through the sample / filter / select launches, side by side
+        launches = dataclasses.replace(topk_config.launch_config(device), row_max=0)
+        found.append(add("triton, row kernel off", lambda: ragged.ragged_topk(logits, starts, lengths, k, out,
+                                                                                  config=launches)))
     whole = dataclasses.replace(topk_config.launch_config(device), slices=1)
     if slices > 1:
         found.append(add("triton, whole rows", lambda: ragged.ragged_topk(logits, starts, lengths, k, out,

@@ -204,8 +204,15 @@ class TopkConfig:
             holds the whole row in registers (``row_kernel``): no sample, filter or select
             launch and no candidate lists; its sample brackets the k-th key and the counts
             run on the row itself. Whole rows only (``slices`` 1, not ``fused``).
-        row_warps: Warps of that launch (a power of two).
-        row_maxnreg: Register cap of that launch (NVIDIA only; ``0`` or ``None``: no cap).
+        row_warps: Warps of that launch for rows of ``row_max`` keys (a power of two);
+            shorter rows take proportionally fewer, so a thread holds the same number of
+            keys, but at least ``min(4, row_warps)``.
+        row_maxnreg: Register cap of that launch where it runs ``row_warps`` warps (NVIDIA
+            only; ``0`` or ``None``: no cap); the launches of shorter rows run uncapped.
+        row_keys_per_sm: The row kernel runs only where the call's rows times their padded
+            length are at most this many keys an SM (:func:`row_kernel_fits`): one program
+            a row pays off while the rows are few, and the sample / filter / select launches
+            are faster once many rows queue on each SM. ``None``: no limit.
         row_sigmas: Standard deviations on either side of its sample's share of the top k
             that its two bracketing keys lie (a miss costs counts, not the result).
         seeded_filter_maxnreg: Register cap of a streaming filter that also counts the keys
@@ -262,6 +269,7 @@ class TopkConfig:
     row_warps: int = 8
     row_maxnreg: int | None = None
     row_sigmas: float = 2.0
+    row_keys_per_sm: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("fused", "tile_write", "dynamic", "ballot_write", "sample_jitter", "filter_deal"):
@@ -289,6 +297,8 @@ class TopkConfig:
             raise ValueError(f"row_max must be 0 or a power of two of at most 65536, got {self.row_max!r}")
         if not (isinstance(self.row_sigmas, numbers.Real) and self.row_sigmas > 0):
             raise ValueError(f"row_sigmas must be positive, got {self.row_sigmas!r}")
+        if self.row_keys_per_sm is not None and not (_int(self.row_keys_per_sm) and self.row_keys_per_sm >= 1):
+            raise ValueError(f"row_keys_per_sm must be None or an int of at least 1, got {self.row_keys_per_sm!r}")
         if not (_int(self.sample_min) and self.sample_min >= 0):
             raise ValueError(f"sample_min must be an int >= 0, got {self.sample_min!r}")
         if not (_int(self.retry_split) and self.retry_split >= 0):
@@ -368,9 +378,19 @@ CONFIGS: Mapping[str, TopkConfig] = MappingProxyType({
     # 0.98-1.01x the unseeded time where the launch's programs all fit the SMs (1024 rows) and
     # took 1.01-1.14x where they queue (4096-8192 rows of 16K-256K keys; H200, Triton 3.6):
     # hence the resident rule of seeds_fallback
+    # row_max=16384 with row_keys_per_sm=16384 (H100, Triton 3.6, topk=2048, the ten logit
+    # distributions of indexer.synthetic, device time of CUDA-graph replays): the row kernel
+    # took 0.63-0.98x the launches' time on 128 rows of 8K keys, 0.62-1.02x on 256 rows of 8K
+    # and 0.68-0.87x on 128 rows of 16K keys; on 256 rows of 16K keys (32K keys an SM) it
+    # ranged 0.75-1.24x (recency lost) and on more rows it lost (timed in loops: 512 rows of
+    # 16K keys 0.74-1.07x, 8192 rows 1.5-2.0x). 16 warps capped at 64 registers (two programs
+    # an SM) beat 16 uncapped by 1.2x on 256 rows of 16K keys; 8 warps uncapped (what
+    # row_warps gives 8K-key rows) beat 16 capped by 1.1-1.2x on 384-768 rows of 8K keys
+    # (docs/topk.md)
     "sm90": TopkConfig(num_warps=4, filter_block=512, programs_per_sm=16, select_warps=4, prefetch=2, dynamic=True,
                        presample=True, ballot_write=True, streaming_filter_maxnreg=32, select_maxnreg=80,
-                       fallback_maxnreg=64, fallback_items=8, seeded_filter_maxnreg=48),
+                       fallback_maxnreg=64, fallback_items=8, seeded_filter_maxnreg=48,
+                       row_max=16384, row_warps=16, row_maxnreg=64, row_keys_per_sm=16384),
 })
 
 
@@ -496,6 +516,21 @@ def _write_chunk(slots: int, warps: int, tile_write: bool, ballot_write: bool) -
     return chunk, ballot_write and chunk % (128 * warps) == 0
 
 
+def row_warps(config: TopkConfig, whole: int) -> int:
+    """Warps of the row kernel for rows padded to ``whole`` keys: ``row_warps`` at ``row_max``
+    keys, proportionally fewer below (the same keys a thread), at least ``min(4, row_warps)``."""
+    return max(min(4, config.row_warps), config.row_warps * whole // max(config.row_max, 1))
+
+
+def row_kernel_fits(config: TopkConfig, rows: int, n: int, sms: int | None) -> bool:
+    """Whether ``rows`` rows of at most ``n`` keys are few enough for the row kernel on a GPU
+    of ``sms`` SMs: ``rows * next_pow2(n) <= row_keys_per_sm * sms`` (always where
+    ``row_keys_per_sm`` or ``sms`` is ``None``, as off a GPU)."""
+    if config.row_keys_per_sm is None or sms is None:
+        return True
+    return rows * _next_pow2(n) <= config.row_keys_per_sm * sms
+
+
 class LaunchPlan(NamedTuple):
     """:func:`plan_launches`'s answer: a call's launches and their keywords (``None`` or empty
     where a launch is not planned)."""
@@ -513,14 +548,16 @@ class LaunchPlan(NamedTuple):
 
 @functools.lru_cache(maxsize=256)
 def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, slices: int, has_stats: bool,
-          count_retries: bool = False, count_split: bool = False, count_seeded: bool = False) -> LaunchPlan:
+          count_retries: bool = False, count_split: bool = False, count_seeded: bool = False,
+          row_fits: bool = True) -> LaunchPlan:
     """``config`` on ``device`` for rows of at most ``n`` keys and ``slices`` programs a row,
     checked against the device and the call and turned into the launches' arguments, once
     per distinct call shape (a frozen config is its own cache key): the sample kernel's
     keywords or None, the filter kernel's, the split rows' retry launch's or None, ``((first,
     select kernel keywords), ...)``, the split fallback's or None, and the row kernel's or
-    None; with the row kernel (``row_max``) it is the call's only launch, and the others are
-    ``None`` or empty.
+    None; with the row kernel (``row_max``, and ``row_fits``: the call's rows within
+    ``row_keys_per_sm``, :func:`row_kernel_fits`) it is the call's only launch, and the others
+    are ``None`` or empty.
 
     Raises:
         ValueError: a field the device or the call rules out, named.
@@ -572,15 +609,17 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
     ballot = _ballot_ok(device, num_warps, filter_block) if c.ballot is None else c.ballot
     # the sample kernel's runs: enough for one key in `sparse` of the longest row, up to sample_max
     runs = sample_runs(n, piece, c.sparse, c.sample_max, c.pieces, c.sample_sparse)
-    if c.row_max and tile < n <= c.row_max and slices == 1 and not fused:
+    if row_fits and c.row_max and tile < n <= c.row_max and slices == 1 and not fused:
         # one launch, the whole row in registers: no sample, filter, select or fallback launch
         whole = _next_pow2(n)
+        warps = row_warps(c, whole)
         # its write re-reads the row in chunks of four keys a thread (the ballot's unit)
-        chunk = min(whole, max(1024, 128 * c.row_warps))
+        chunk = min(whole, max(1024, 128 * warps))
+        capped = c.row_maxnreg and warps == c.row_warps
         row_kw = LaunchKw(K=topk, KP=_next_pow2(topk), T=whole, NP=runs, PIECE=piece, SPARSE=c.sparse,
                           SIGMAS=float(c.row_sigmas), SLACK=float(c.sample_slack), CH=chunk,
-                          WB=bool(c.ballot_write) and chunk % (128 * c.row_warps) == 0, STATS=has_stats,
-                          num_warps=c.row_warps, **(dict(maxnreg=c.row_maxnreg) if c.row_maxnreg else {}))
+                          WB=bool(c.ballot_write) and chunk % (128 * warps) == 0, STATS=has_stats,
+                          num_warps=warps, **(dict(maxnreg=c.row_maxnreg) if capped else {}))
         return LaunchPlan(c.programs_per_sm, num_warps, cap, None, None, None, (), None, row_kw)
     if presample is None:
         # the sample kernel's larger sample for rows longer than the filter's own serves

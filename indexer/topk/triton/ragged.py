@@ -62,7 +62,8 @@ from ... import envs as _envs
 from ...platform import device_guard, indexed_device
 from .config import (
     FALLBACK_PROGRAMS_PER_SM, SECOND_PROGRAMS_PER_SM, STAT_RETRIED, STAT_SEEDED, STAT_SPLIT, TopkConfig, _check_stats,
-    _index_vector, in_place_vector, is_nvidia, _programs, plan_launches, auto_slices, launch_config, seeds_fallback,
+    _index_vector, in_place_vector, is_nvidia, _programs, _sm_count, plan_launches, auto_slices, launch_config,
+    row_kernel_fits, seeds_fallback,
 )
 from .kernels import FALLBACK_LAUNCHER, FILTER_LAUNCHER, ROW_LAUNCHER, SAMPLE_LAUNCHER, SELECT_LAUNCHER, triton
 from .launch import At
@@ -189,7 +190,8 @@ class RaggedTopk:
         self.plan = plan_launches(device, config, topk, n, slices, stats is not None,
                                   stats is not None and stats.numel() > STAT_RETRIED,
                                   stats is not None and stats.numel() > STAT_SPLIT,
-                                  stats is not None and stats.numel() > STAT_SEEDED)
+                                  stats is not None and stats.numel() > STAT_SEEDED,
+                                  row_kernel_fits(config, rows, n, _sm_count(device) if device.type == "cuda" else None))
         # NVIDIA only: AMD's Triton also specializes on whether a tensor spans under 2 GB
         # (buffer ops), which the direct launches' key does not hold
         # (the flag is read, and so checked, everywhere)
