@@ -385,8 +385,8 @@ CONFIGS: Mapping[str, TopkConfig] = MappingProxyType({
     # ranged 0.75-1.24x (recency lost) and on more rows it lost (timed in loops: 512 rows of
     # 16K keys 0.74-1.07x, 8192 rows 1.5-2.0x). 16 warps capped at 64 registers (two programs
     # an SM) beat 16 uncapped by 1.2x on 256 rows of 16K keys; 8 warps uncapped (what
-    # row_warps gives 8K-key rows) beat 16 capped by 1.1-1.2x on 384-768 rows of 8K keys
-    # (docs/topk.md)
+    # row_warps gives 8K-key rows) took 0.81-0.94x the time of 8 capped at 128 or 16 capped
+    # at 64 on 384-768 rows of 8K keys (docs/topk.md)
     "sm90": TopkConfig(num_warps=4, filter_block=512, programs_per_sm=16, select_warps=4, prefetch=2, dynamic=True,
                        presample=True, ballot_write=True, streaming_filter_maxnreg=32, select_maxnreg=80,
                        fallback_maxnreg=64, fallback_items=8, seeded_filter_maxnreg=48,
