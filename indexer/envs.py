@@ -170,6 +170,24 @@ TOPK = _declare(
         platform_defaults={"cuda": "triton"},
     )
 )
+NATIVE_TOPK_MAX_KEYS = _declare(
+    Flag(
+        "NATIVE_TOPK_MAX_KEYS",
+        _parse_positive_int,
+        0,
+        "Where the top-k is 'triton', chunks whose rows span at most this many keys, and few "
+        "enough rows of them (rows x keys <= indexer.topk.cuda.KEYS_PER_SM x SMs), take the "
+        "native top-k instead: a CUDA C++ kernel, one thread block a row, compiled with nvcc at "
+        "the first plan that uses it and cached in $XDG_CACHE_HOME/indexer/native. 0: never. "
+        "32768 (the kernel's limit, indexer.topk.cuda.MAX_KEYS) by default on NVIDIA; off "
+        "elsewhere. Where the default asks for it and it cannot build (no nvcc), plans keep "
+        "the Triton top-k and say why; a value set explicitly raises instead.",
+        per_platform=True,
+        platform_defaults={"cuda": 32768},
+        type_name="int",
+        rule="an integer >= 0",
+    )
+)
 MAX_LOGITS_MB = _declare(
     Flag(
         "MAX_LOGITS_MB",

@@ -427,6 +427,16 @@ class StepPlan:
         widths = [c.width for c in self.chunks]
         parts.append(f"{i.chunks} chunk(s) ({i.compressed_chunks} compressed), widths "
                      f"{min(widths, default=0)}-{max(widths, default=0)}")
+        kinds: dict[str, int] = {}
+        notes = set()
+        for c in self.chunks:
+            if "topk_kind" in c.state:
+                kinds[c.state["topk_kind"]] = kinds.get(c.state["topk_kind"], 0) + 1
+            if "topk_note" in c.state:
+                notes.add(c.state["topk_note"])
+        if kinds:
+            parts.append("top-k " + " + ".join(f"{k} x{v}" for k, v in kinds.items())
+                         + "".join(f" ({n})" for n in sorted(notes)))
         if self.check != "off":
             parts.append(f"value checks {self.check}")
         return ", ".join(parts)

@@ -412,6 +412,12 @@ def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float
         launches = dataclasses.replace(topk_config.launch_config(device), row_max=0)
         found.append(add("triton, row kernel off", lambda: ragged.ragged_topk(logits, starts, lengths, k, out,
                                                                                   config=launches)))
+    from ..topk import cuda as native
+
+    if n <= native.MAX_KEYS and not native.native_reasons(device):
+        # the CUDA C++ row top-k on the same rows, side by side
+        row_topk_native = native.NativeRowTopk(device, m, n, starts, lengths, k)
+        found.append(add("native", lambda: row_topk_native(logits, out)))
     whole = dataclasses.replace(topk_config.launch_config(device), slices=1)
     if slices > 1:
         found.append(add("triton, whole rows", lambda: ragged.ragged_topk(logits, starts, lengths, k, out,

@@ -1,8 +1,11 @@
-"""Which top-k a chunk runs, prepared at plan time: the Triton kernel or the torch reference.
+"""Which top-k a chunk runs, prepared at plan time: the Triton kernel, the native row
+kernel or the torch reference.
 
-``INDEXER_TOPK`` picks it (per platform: ``triton`` where Triton can launch on NVIDIA,
-``torch`` elsewhere); :func:`prepare_topk` makes each chunk's callable once, and
-:func:`bind_topk` gives the Triton ones their scratch in the plan's workspace.
+``INDEXER_TOPK`` picks the family (per platform: ``triton`` where Triton can launch on
+NVIDIA, ``torch`` elsewhere); within ``triton``, chunks of short rows take the native CUDA
+C++ row kernel (``INDEXER_NATIVE_TOPK_MAX_KEYS``). :func:`prepare_topk` makes each chunk's
+callable once, and :func:`bind_topk` gives the Triton ones their scratch in the plan's
+workspace.
 """
 
 from __future__ import annotations
@@ -66,23 +69,71 @@ def topk_bytes(problem: Problem, rows: torch.Tensor, width: torch.Tensor, choice
     return rows * (topk_row_bytes(problem, choice) + per_column * width)
 
 
+def native_max_keys(device: torch.device) -> tuple[int, str]:
+    """``(keys, why)``: chunks whose rows span at most ``keys`` keys take the native row
+    top-k on ``device`` (``INDEXER_NATIVE_TOPK_MAX_KEYS``); ``0`` with ``why`` where the
+    platform's default asks for it and it cannot run (no nvcc, not NVIDIA).
+
+    Raises:
+        ValueError: The flag was set explicitly and the kernel cannot run, or it is over
+            :data:`indexer.topk.cuda.MAX_KEYS`.
+    """
+    from .. import envs
+    from ..platform import platform_key
+    from . import cuda as native
+
+    res = envs.resolve("NATIVE_TOPK_MAX_KEYS", platform_key(device))
+    if res.value == 0:
+        return 0, ""
+    explicit = not res.source.startswith("default")
+    if res.value > native.MAX_KEYS and explicit:
+        raise ValueError(f"{res.source}={res.value}: the native row top-k takes rows of at most {native.MAX_KEYS} keys")
+    reasons = native.native_reasons(device)
+    if reasons and explicit:
+        raise ValueError(f"{res.source} asks for the native row top-k, but {'; '.join(reasons)}; set it to 0")
+    if reasons:
+        return 0, "native row top-k off: " + "; ".join(reasons)
+    return min(res.value, native.MAX_KEYS), ""
+
+
+def _native_fits(device: torch.device, rows: int, n: int) -> bool:
+    from .cuda import native_fits
+    from .triton.config import _sm_count
+
+    return native_fits(rows, n, _sm_count(device))
+
+
 def prepare_topk(problem: Problem, chunks: Sequence, choice: str | None = None) -> None:
     """Plan time: each chunk's top-k (``chunk.state["topk"]``, called as ``(logits, out)``),
-    torch.topk or the Triton kernel as :func:`topk_choice` says (``choice`` overrides).
-    Triton's chunks ask for their scratch (``state["scratch_numel"]``), bound by
-    :func:`bind_topk` once the plan's workspace holds it."""
+    torch.topk or, where the choice (:func:`topk_choice`; ``choice`` overrides) is
+    ``triton``, the native row kernel for chunks no wider than :func:`native_max_keys` whose
+    rows fit its budget (:func:`indexer.topk.cuda.native_fits`) and the Triton kernel for the
+    rest. ``state["topk_kind"]`` names it (``torch``, ``triton``,
+    ``native``) and ``state["topk_note"]`` says why a native kernel that was asked for by
+    default is not used. Triton's chunks ask for their scratch (``state["scratch_numel"]``),
+    bound by :func:`bind_topk` once the plan's workspace holds it."""
     choice = topk_choice(problem.device) if choice is None else choice
+    native, why = native_max_keys(problem.device) if choice == "triton" else (0, "")
     for c in chunks:
         if c.empty:
             continue
-        if choice == "triton":
+        if choice == "triton" and c.width <= native and _native_fits(problem.device, c.num_rows, c.width):
+            from .cuda import NativeRowTopk
+
+            run, kind = NativeRowTopk(problem.device, c.num_rows, c.width, c.block_starts, c.lengths,
+                                      problem.topk), "native"
+        elif choice == "triton":
             from .triton.ragged import RaggedTopk
 
-            run = RaggedTopk(problem.device, c.num_rows, c.width, c.block_starts, c.lengths, problem.topk)
+            run, kind = RaggedTopk(problem.device, c.num_rows, c.width, c.block_starts, c.lengths,
+                                   problem.topk), "triton"
             c.state["scratch_numel"] = run.scratch_numel
+            if why:
+                c.state["topk_note"] = why
         else:
-            run = _TorchTopk(c, problem.topk)
+            run, kind = _TorchTopk(c, problem.topk), "torch"
         c.state["topk"] = run
+        c.state["topk_kind"] = kind
 
 
 def bind_topk(chunks: Sequence) -> None:
