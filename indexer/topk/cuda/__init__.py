@@ -28,7 +28,7 @@ _SOURCE = Path(__file__).with_name("row_topk.cu")
 
 #: (threads, keys a thread) compiled into the library, smallest first; a shape holds
 #: windows of up to ``threads * keys`` keys
-SHAPES = ((256, 16), (512, 16), (512, 32), (1024, 16), (1024, 24), (1024, 32))
+SHAPES = ((256, 16), (512, 16), (1024, 16), (512, 32), (1024, 24), (1024, 32))
 
 #: the longest window the kernel takes
 MAX_KEYS = SHAPES[-1][0] * SHAPES[-1][1]
@@ -155,6 +155,9 @@ class NativeRowTopk:
 
     def __init__(self, device: torch.device, rows: int, n: int, starts_rel: torch.Tensor, lengths: torch.Tensor,
                  topk: int, shape: tuple[int, int] | None = None):
+        from ...platform import indexed_device
+
+        device = indexed_device(device)
         why = native_reasons(device)
         if why:
             raise RuntimeError("the native row top-k cannot run: " + "; ".join(why))
@@ -175,15 +178,16 @@ class NativeRowTopk:
         self._fn = _library(_arch(device))[0]
         self._index_bytes = starts_rel.element_size()
         self._starts, self._lengths = starts_rel.data_ptr(), lengths.data_ptr()
+        from torch._C import _cuda_getCurrentRawStream
+
+        self._stream = _cuda_getCurrentRawStream
 
     def __call__(self, logits: torch.Tensor, out: torch.Tensor) -> None:
         """Fill ``out`` (int32 ``[R, topk]``, column stride 1) with each row's top-k columns,
         relative to its window's start, ``-1`` padded; ``logits`` float32 ``[R, n]``, column
         stride 1, on the device. Launches on the current stream."""
-        from torch._C import _cuda_getCurrentRawStream
-
         rc = self._fn(self.threads, self.slots, self._index_bytes, self.rows, logits.data_ptr(), logits.stride(0),
                       self._starts, self._lengths, out.data_ptr(), out.stride(0), self.topk,
-                      _cuda_getCurrentRawStream(self.device.index))
+                      self._stream(self.device.index))
         if rc != 0:
             raise RuntimeError(f"the native row top-k did not launch (error {rc})")

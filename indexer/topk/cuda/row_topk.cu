@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(THREADS, THREADS <= 512 ? 2 : 1) row_topk_kern
 }  // namespace indexer_row_topk
 
 // (threads, keys a thread): the shapes compiled
-#define INDEXER_ROW_TOPK_SHAPES(X) X(256, 16) X(512, 16) X(512, 32) X(1024, 16) X(1024, 24) X(1024, 32)
+#define INDEXER_ROW_TOPK_SHAPES(X) X(256, 16) X(512, 16) X(1024, 16) X(512, 32) X(1024, 24) X(1024, 32)
 
 template <typename Idx>
 static int launch_typed(int threads, int slots, int64_t rows, const float* logits, int64_t row_stride, const Idx* starts,
