@@ -88,7 +88,8 @@ def test_shape_for_takes_the_first_block_that_holds_the_window():
         threads, slots = shape_for(n)
         assert threads * slots >= n
         assert all(t * s < n for t, s in SHAPES[:SHAPES.index((threads, slots))])
-    assert shape_for(MAX_KEYS) == SHAPES[-1]
+    assert shape_for(16384) == (512, 32)
+    assert shape_for(MAX_KEYS) == (1024, 32)
     with pytest.raises(ValueError, match=str(MAX_KEYS)):
         shape_for(MAX_KEYS + 1)
 
@@ -152,7 +153,7 @@ def test_kernel_replays_in_a_cuda_graph_and_reads_refreshed_bounds():
 
 
 @pytest.mark.cuda
-def test_a_plan_with_short_rows_takes_the_native_top_k_and_its_sets():
+def test_a_plan_with_short_rows_takes_the_native_top_k_and_its_sets(monkeypatch):
     why = _gpu_reasons()
     if why:
         pytest.skip("; ".join(why))
@@ -162,10 +163,20 @@ def test_a_plan_with_short_rows_takes_the_native_top_k_and_its_sets():
     dev = torch.device("cuda", torch.cuda.current_device())
     inp = make_inputs([9000, 3000], [64, 64], heads=8, head_dim=32, device=dev, seed=5)
     q, k, k_scale, weights, starts, ends = inp.args()
-    plan = indexer.plan(starts, ends, num_keys=k.shape[0], heads=8, head_dim=32, topk=2048, backend="triton")
-    assert "native" in str(plan)
-    got = plan.run(q, k, k_scale, weights)
-    want = indexer.prefill_topk(q, k, k_scale, weights, starts, ends, 2048, backend="torch")
+
+    def plan():
+        return indexer.plan(starts, ends, num_keys=k.shape[0], heads=8, head_dim=32, topk=2048, backend="triton")
+
+    monkeypatch.delenv("INDEXER_NATIVE_TOPK_MAX_KEYS", raising=False)
+    monkeypatch.delenv("INDEXER_CUDA_NATIVE_TOPK_MAX_KEYS", raising=False)
+    native = plan()
+    assert "top-k native" in str(native)
+    got = native.run(q, k, k_scale, weights)
+    # the same logits through the Triton top-k: the same sets
+    monkeypatch.setenv("INDEXER_NATIVE_TOPK_MAX_KEYS", "0")
+    triton = plan()
+    assert "native" not in str(triton)
+    want = triton.run(q, k, k_scale, weights)
     assert torch.equal(_sorted(got.cpu()), _sorted(want.cpu()))
 
 

@@ -26,12 +26,14 @@ import torch
 
 _SOURCE = Path(__file__).with_name("row_topk.cu")
 
-#: (threads, keys a thread) compiled into the library, smallest first; a shape holds
-#: windows of up to ``threads * keys`` keys
-SHAPES = ((256, 16), (512, 16), (1024, 16), (512, 32), (1024, 24), (1024, 32))
+#: (threads, keys a thread) compiled into the library, in the order :func:`shape_for` tries
+#: them; a shape holds windows of up to ``threads * keys`` keys. 16K-key rows take 512
+#: threads of 32 keys (two blocks an SM) rather than 1024 of 16 (one block an SM, its
+#: registers full), which is compiled for ``shape=`` and measured slower (docs/topk.md).
+SHAPES = ((256, 16), (512, 16), (512, 32), (1024, 24), (1024, 32), (1024, 16))
 
 #: the longest window the kernel takes
-MAX_KEYS = SHAPES[-1][0] * SHAPES[-1][1]
+MAX_KEYS = max(threads * slots for threads, slots in SHAPES)
 
 
 def shape_for(n: int) -> tuple[int, int]:
