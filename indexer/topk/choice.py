@@ -117,7 +117,8 @@ def prepare_topk(problem: Problem, chunks: Sequence, choice: str | None = None) 
     for c in chunks:
         if c.empty:
             continue
-        if choice == "triton" and 0 < native and c.width <= native and _native_fits(problem.device, c.num_rows, c.width):
+        if choice == "triton" and 0 < native and c.width <= native and _native_fits(problem.device, c.num_rows,
+                                                                                      c.width):
             from .cuda import NativeRowTopk
 
             run, kind = NativeRowTopk(problem.device, c.num_rows, c.width, c.block_starts, c.lengths,
