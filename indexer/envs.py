@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 import os
 import warnings
+from pathlib import Path
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -134,6 +135,13 @@ def _choice(*choices: str) -> Callable[[str], str]:
 
 
 _FLAGS: dict[str, Flag] = {}
+
+
+def cache_dir() -> Path:
+    """Where the library keeps the files it writes for later processes (calibrations, built
+    kernels): ``$XDG_CACHE_HOME/indexer``, ``XDG_CACHE_HOME`` defaulting to ``~/.cache``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "indexer"
 
 
 def _declare(flag: Flag) -> Flag:

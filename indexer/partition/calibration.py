@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 from pathlib import Path
 
 from .. import envs
@@ -25,8 +24,7 @@ def calibration_path() -> Path:
     value = envs.value("COST_MODEL_FILE")
     if value:
         return Path(value)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "indexer" / "cost_model.json"
+    return envs.cache_dir() / "cost_model.json"
 
 
 def _read(path: Path) -> dict:

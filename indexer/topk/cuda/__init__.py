@@ -71,11 +71,6 @@ def _nvcc() -> str | None:
     return str(default) if default.is_file() else None
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "indexer" / "native"
-
-
 _lock = threading.Lock()
 
 
@@ -91,7 +86,9 @@ def _library(arch: str) -> tuple[object | None, str]:
         return None, f"{nvcc} --version failed: {exc}"
     source = _SOURCE.read_bytes()
     digest = hashlib.sha256(source + arch.encode() + version.encode()).hexdigest()[:16]
-    target = _cache_dir() / f"row_topk_sm{arch}_{digest}.so"
+    from ... import envs
+
+    target = envs.cache_dir() / "native" / f"row_topk_sm{arch}_{digest}.so"
     with _lock:
         if not target.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
