@@ -183,21 +183,19 @@ __global__ void __launch_bounds__(THREADS, THREADS <= 512 ? 2 : 1) row_topk_kern
       if (tie && r < need) tie_take |= 1u << j;
     }
   }
+  const auto selected = [&](int j) -> bool {
+    const uint32_t kk = keys[j];
+    return whole ? (kk != 0u && (kk >> pshift) >= prefix) : (kk > prefix || ((tie_take >> j) & 1u));
+  };
   int mine = 0;
 #pragma unroll
-  for (int j = 0; j < SLOTS; ++j) {
-    const uint32_t kk = keys[j];
-    const bool sel = whole ? (kk != 0u && (kk >> pshift) >= prefix) : (kk > prefix || ((tie_take >> j) & 1u));
-    mine += sel;
-  }
+  for (int j = 0; j < SLOTS; ++j) mine += selected(j);
   int pos;
   __syncthreads();
   Scan(scan_tmp).ExclusiveSum(mine, pos);
 #pragma unroll
   for (int j = 0; j < SLOTS; ++j) {
-    const uint32_t kk = keys[j];
-    const bool sel = whole ? (kk != 0u && (kk >> pshift) >= prefix) : (kk > prefix || ((tie_take >> j) & 1u));
-    if (sel) orow[pos++] = tid + j * THREADS;
+    if (selected(j)) orow[pos++] = tid + j * THREADS;
   }
 }
 
