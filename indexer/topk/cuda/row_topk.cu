@@ -199,6 +199,275 @@ __global__ void __launch_bounds__(THREADS, THREADS <= 512 ? 2 : 1) row_topk_kern
   }
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// The streaming variant: for many rows. The row stays in memory (its first read from HBM, the
+// later ones mostly from L2), so a block needs few registers and several blocks share an SM,
+// one waiting on a barrier while another reads. Each warp owns one contiguous segment of the
+// row's columns, and the table lists a row's selected columns in ascending order.
+//
+// Pass A counts the top 11 bits of every key. If the k-th key's bin is needed whole, the
+// selection is settled. Else, if that bin holds at most CAP keys, pass B copies them (key and
+// column) to shared memory and the last 21 bits are resolved there (11, then 10), while each
+// warp counts its keys in higher bins; else passes over the row resolve the next 11 and the
+// last 10 bits. A count pass then gives each warp its number of keys above the k-th and of
+// ties with it, unless pass B's copies already gave them, and a write pass places each
+// warp's columns from the scan of those counts (ties lowest column first).
+
+constexpr int CAP = 4096;  // keys of the k-th key's top-11-bit bin held in shared memory
+constexpr int UNROLL = 8;  // loads a thread keeps in flight
+
+// The bin holding the need-th largest counted key, over hist's replicas (bins descending
+// over the threads). Every thread returns (bin, keys in higher bins, keys in the bin).
+template <int THREADS, int REPLICAS>
+__device__ __forceinline__ void find_bin(const int* hist, int need, typename cub::BlockScan<int, THREADS>::TempStorage& tmp,
+                                         uint32_t& s_bin, int& s_above, int& s_count, uint32_t& bin, int& above_out,
+                                         int& count_out) {
+  constexpr int BPT = BINS / THREADS;
+  const int tid = threadIdx.x;
+  int c[BPT];
+  int tot = 0;
+#pragma unroll
+  for (int j = 0; j < BPT; ++j) {
+    const int b = BINS - 1 - (tid * BPT + j);
+    int s = 0;
+#pragma unroll
+    for (int r = 0; r < REPLICAS; ++r) s += hist[r * STRIDE + b];
+    c[j] = s;
+    tot += s;
+  }
+  int above;
+  cub::BlockScan<int, THREADS>(tmp).ExclusiveSum(tot, above);
+#pragma unroll
+  for (int j = 0; j < BPT; ++j) {
+    if (above < need && need <= above + c[j]) {
+      s_bin = static_cast<uint32_t>(BINS - 1 - (tid * BPT + j));
+      s_above = above;
+      s_count = c[j];
+    }
+    above += c[j];
+  }
+  __syncthreads();
+  bin = s_bin;
+  above_out = s_above;
+  count_out = s_count;
+}
+
+// Adds `run` equal bins in a row with one atomic (rows of one value would serialize otherwise).
+struct RunCounter {
+  int* hist;
+  uint32_t cur = 0xFFFFFFFFu;
+  int run = 0;
+  __device__ __forceinline__ void add(uint32_t bin) {
+    if (bin == cur) {
+      ++run;
+    } else {
+      if (run) atomicAdd(hist + cur, run);
+      cur = bin;
+      run = 1;
+    }
+  }
+  __device__ __forceinline__ void flush() {
+    if (run) atomicAdd(hist + cur, run);
+  }
+};
+
+// Calls f(column, key) for every column of this warp's segment, lanes on consecutive
+// columns, segment positions in order; f is called by all 32 lanes together (valid says
+// whether the lane holds a column), so it may use warp votes.
+template <typename F>
+__device__ __forceinline__ void for_segment(const float* __restrict__ p, int lo, int hi, F&& f) {
+  const int lane = threadIdx.x & 31;
+  for (int base = lo; base < hi; base += 32 * UNROLL) {
+    float v[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int c = base + u * 32 + lane;
+      v[u] = c < hi ? __ldg(p + c) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int c = base + u * 32 + lane;
+      f(c, c < hi, ukey(v[u]));
+    }
+  }
+}
+
+template <int THREADS, int MIN_BLOCKS, typename Idx>
+__global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+    stream_topk_kernel(const float* __restrict__ logits, int64_t row_stride, const Idx* __restrict__ starts,
+                       const Idx* __restrict__ lengths, int32_t* __restrict__ out, int64_t out_stride, int k) {
+  constexpr int WARPS = THREADS / 32;
+  constexpr int REPLICAS = 2;
+  using Scan = cub::BlockScan<int, THREADS>;
+  __shared__ int hist[REPLICAS * STRIDE];
+  __shared__ uint32_t cand_key[CAP];
+  __shared__ uint16_t cand_col[CAP];
+  __shared__ typename Scan::TempStorage scan_tmp;
+  __shared__ int w_above[WARPS], w_tie[WARPS], w_base[WARPS], w_tie_base[WARPS];
+  __shared__ uint32_t s_bin;
+  __shared__ int s_above, s_count, s_ncand;
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5;
+  const int64_t row = blockIdx.x;
+  const int len = static_cast<int>(lengths[row]);
+  int32_t* orow = out + row * out_stride;
+  if (len <= k) {  // every key, then -1
+    for (int j = tid; j < k; j += THREADS) orow[j] = j < len ? j : -1;
+    return;
+  }
+  const float* p = logits + row * row_stride + static_cast<int64_t>(starts[row]);
+  // this warp's columns: [lo, hi), segments of whole 32-column lines
+  const int seg = ((len + WARPS - 1) / WARPS + 31) & ~31;
+  const int lo = min(warp * seg, len), hi = min(lo + seg, len);
+  const int copy = (tid & (REPLICAS - 1)) * STRIDE;
+
+  const auto zero_hist = [&]() {
+    for (int i = tid; i < REPLICAS * STRIDE; i += THREADS) hist[i] = 0;
+  };
+  zero_hist();
+  if (tid == 0) s_ncand = 0;
+  __syncthreads();
+
+  // pass A: the top 11 bits of every key
+  {
+    RunCounter rc{hist + copy};
+    for_segment(p, lo, hi, [&](int, bool valid, uint32_t key) {
+      if (valid) rc.add(key >> 21);
+    });
+    rc.flush();
+  }
+  __syncthreads();
+  uint32_t bin;
+  int above, count;
+  find_bin<THREADS, REPLICAS>(hist, k, scan_tmp, s_bin, s_above, s_count, bin, above, count);
+  uint32_t prefix = bin;
+  int width = 11;
+  int need = k - above;
+  bool whole = count == need;
+  bool counted = false;  // w_above / w_tie hold this warp's counts
+
+  if (!whole && count <= CAP) {
+    // pass B: the bin's keys to shared memory; keys of higher bins counted by their warps
+    int mine = 0;
+    const uint32_t below = (1u << lane) - 1u;
+    for_segment(p, lo, hi, [&](int c, bool valid, uint32_t key) {
+      const uint32_t b = key >> 21;
+      const bool in = valid && b == bin;
+      const uint32_t m = __ballot_sync(0xFFFFFFFFu, in);
+      if (m) {  // one atomic a warp for its lanes' copies
+        int at = 0;
+        if (lane == 0) at = atomicAdd(&s_ncand, __popc(m));
+        at = __shfl_sync(0xFFFFFFFFu, at, 0);
+        if (in) {
+          const int i = at + __popc(m & below);
+          cand_key[i] = key;
+          cand_col[i] = static_cast<uint16_t>(c);
+        }
+      }
+      mine += __popc(__ballot_sync(0xFFFFFFFFu, valid && b > bin));
+    });
+    if (lane == 0) {
+      w_above[warp] = mine;
+      w_tie[warp] = 0;
+    }
+    zero_hist();
+    __syncthreads();
+    // the last 21 bits among the copies: 11, then 10
+    const int ncand = count;
+#pragma unroll 1
+    for (int pass = 0; pass < 2 && !whole; ++pass) {
+      const int bits = pass == 0 ? 11 : 10;
+      const int shift = 32 - width - bits;
+      for (int i = tid; i < ncand; i += THREADS) {
+        const uint32_t key = cand_key[i];
+        if ((key >> (32 - width)) == prefix) atomicAdd(hist + copy + ((key >> shift) & ((1u << bits) - 1u)), 1);
+      }
+      __syncthreads();
+      find_bin<THREADS, REPLICAS>(hist, need, scan_tmp, s_bin, s_above, s_count, bin, above, count);
+      prefix = (prefix << bits) | bin;
+      width += bits;
+      need -= above;
+      whole = count == need;
+      zero_hist();
+      __syncthreads();
+    }
+    // the copies' share of each warp's counts
+    const int pshift = 32 - width;
+    for (int i = tid; i < ncand; i += THREADS) {
+      const uint32_t key = cand_key[i];
+      const int w = cand_col[i] / seg;
+      if (whole ? (key >> pshift) >= prefix : key > prefix) atomicAdd(&w_above[w], 1);
+      else if (!whole && key == prefix) atomicAdd(&w_tie[w], 1);
+    }
+    counted = true;
+  } else if (!whole) {
+    // passes over the row for the next 11 bits and the last 10
+#pragma unroll 1
+    for (int pass = 0; pass < 2 && !whole; ++pass) {
+      const int bits = pass == 0 ? 11 : 10;
+      const int shift = 32 - width - bits;
+      const int pshift = 32 - width;
+      zero_hist();
+      __syncthreads();
+      RunCounter rc{hist + copy};
+      for_segment(p, lo, hi, [&](int, bool valid, uint32_t key) {
+        if (valid && (key >> pshift) == prefix) rc.add((key >> shift) & ((1u << bits) - 1u));
+      });
+      rc.flush();
+      __syncthreads();
+      find_bin<THREADS, REPLICAS>(hist, need, scan_tmp, s_bin, s_above, s_count, bin, above, count);
+      prefix = (prefix << bits) | bin;
+      width += bits;
+      need -= above;
+      whole = count == need;
+    }
+  }
+  // width == 32 unless a bin was taken whole; then every key at or above the prefix is kept
+  const int pshift = 32 - width;
+  if (!counted) {
+    int a = 0, t = 0;
+    for_segment(p, lo, hi, [&](int, bool valid, uint32_t key) {
+      a += __popc(__ballot_sync(0xFFFFFFFFu, valid && (whole ? (key >> pshift) >= prefix : key > prefix)));
+      t += __popc(__ballot_sync(0xFFFFFFFFu, valid && !whole && key == prefix));
+    });
+    if (lane == 0) {
+      w_above[warp] = a;
+      w_tie[warp] = t;
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    // ties to the lowest columns: warps in column order
+    int out_base = 0, tie_base = 0;
+    for (int w = 0; w < WARPS; ++w) {
+      const int take = max(0, min(w_tie[w], need - tie_base));
+      w_base[w] = out_base;
+      w_tie_base[w] = tie_base;
+      out_base += w_above[w] + take;
+      tie_base += w_tie[w];
+    }
+  }
+  __syncthreads();
+  // write: this warp's selected columns in order from its base
+  {
+    const uint32_t below = (1u << lane) - 1u;
+    int pos = w_base[warp];
+    int ties = w_tie_base[warp];
+    for_segment(p, lo, hi, [&](int c, bool valid, uint32_t key) {
+      const bool up = valid && (whole ? (key >> pshift) >= prefix : key > prefix);
+      const bool tie = valid && !whole && key == prefix;
+      const uint32_t tm = __ballot_sync(0xFFFFFFFFu, tie);
+      const bool sel = up || (tie && ties + __popc(tm & below) < need);
+      const uint32_t sm = __ballot_sync(0xFFFFFFFFu, sel);
+      if (sel) orow[pos + __popc(sm & below)] = c;
+      pos += __popc(sm);
+      ties += __popc(tm);
+    });
+  }
+}
+
 }  // namespace indexer_row_topk
 
 // (threads, keys a thread): the shapes compiled
@@ -232,4 +501,38 @@ extern "C" int indexer_row_topk_launch(int threads, int slots, int index_bytes, 
   return launch_typed<int64_t>(threads, slots, rows, static_cast<const float*>(logits), row_stride,
                                static_cast<const int64_t*>(starts), static_cast<const int64_t*>(lengths),
                                static_cast<int32_t*>(out), out_stride, k, s);
+}
+
+// (threads, least blocks an SM) of the streaming kernel: the variants compiled
+#define INDEXER_STREAM_TOPK_SHAPES(X) X(256, 4) X(256, 6) X(512, 2) X(512, 3)
+
+template <typename Idx>
+static int stream_launch_typed(int threads, int blocks, int64_t rows, const float* logits, int64_t row_stride, const Idx* starts,
+                               const Idx* lengths, int32_t* out, int64_t out_stride, int k, cudaStream_t stream) {
+#define INDEXER_STREAM_TOPK_CASE(T, B)                                                                  \
+  if (threads == T && blocks == B) {                                                                     \
+    indexer_row_topk::stream_topk_kernel<T, B, Idx>                                                     \
+        <<<static_cast<unsigned>(rows), T, 0, stream>>>(logits, row_stride, starts, lengths, out, out_stride, k); \
+    return static_cast<int>(cudaGetLastError());                                                       \
+  }
+  INDEXER_STREAM_TOPK_SHAPES(INDEXER_STREAM_TOPK_CASE)
+#undef INDEXER_STREAM_TOPK_CASE
+  return -1;
+}
+
+// The streaming kernel's launch: as indexer_row_topk_launch, with (threads, least blocks an SM)
+// for (threads, keys a thread).
+// Windows of at most 65536 keys (the shared copies keep 16-bit columns).
+extern "C" int indexer_stream_topk_launch(int threads, int blocks, int index_bytes, int64_t rows, const void* logits,
+                                          int64_t row_stride, const void* starts, const void* lengths, void* out,
+                                          int64_t out_stride, int k, void* stream) {
+  if (rows == 0) return 0;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (index_bytes == 4)
+    return stream_launch_typed<int32_t>(threads, blocks, rows, static_cast<const float*>(logits), row_stride,
+                                        static_cast<const int32_t*>(starts), static_cast<const int32_t*>(lengths),
+                                        static_cast<int32_t*>(out), out_stride, k, s);
+  return stream_launch_typed<int64_t>(threads, blocks, rows, static_cast<const float*>(logits), row_stride,
+                                      static_cast<const int64_t*>(starts), static_cast<const int64_t*>(lengths),
+                                      static_cast<int32_t*>(out), out_stride, k, s);
 }
