@@ -7,9 +7,8 @@ import pytest
 import torch
 
 from indexer.synthetic import LOGIT_DISTRIBUTIONS, logits_like
-from indexer.topk.cuda import (MAX_KEYS, SHAPES, STREAM_MAX_KEYS, STREAM_SHAPES, NativeRowTopk, StreamRowTopk,
-                                native_reasons, shape_for)
-from indexer.topk.cuda.model import native_table, order_keys, radix_select, stream_table
+from indexer.topk.cuda import MAX_KEYS, SHAPES, NativeRowTopk, native_reasons, shape_for
+from indexer.topk.cuda.model import native_table, order_keys, radix_select
 from indexer.topk.reference import row_topk
 
 
@@ -48,22 +47,6 @@ def test_model_selects_the_reference_set(dist, n):
     for r in range(20):
         if int(lengths[r]) <= k:
             assert got[r].tolist() == list(range(int(lengths[r]))) + [-1] * (k - int(lengths[r]))
-
-
-@pytest.mark.parametrize("dist", LOGIT_DISTRIBUTIONS)
-def test_stream_model_lists_the_reference_set_in_column_order(dist):
-    k, n = 48, 700
-    logits = logits_like(dist, 20, n, seed=3)
-    starts, lengths = _windows(20, n, k, seed=4)
-    masked = _masked(logits, starts, lengths)
-    got = stream_table(masked, starts, lengths, k)
-    want = torch.empty(20, k, dtype=torch.int32)
-    row_topk(masked, starts, lengths, k, want)
-    assert torch.equal(_sorted(got), _sorted(want))
-    for r in range(20):
-        kept = got[r][got[r] >= 0]
-        assert bool((kept.diff() > 0).all()), "ascending columns"
-        assert bool((got[r][kept.numel():] == -1).all()), "-1 after the kept columns"
 
 
 def test_model_orders_each_thread_s_columns_together():
@@ -111,14 +94,6 @@ def test_shape_for_takes_the_first_block_that_holds_the_window():
         shape_for(MAX_KEYS + 1)
 
 
-def test_stream_kernel_refuses_wide_windows_and_unknown_shapes():
-    one = torch.ones(1, dtype=torch.int32)
-    with pytest.raises(ValueError, match=f"at most {STREAM_MAX_KEYS}"):
-        StreamRowTopk(torch.device("cpu"), 1, STREAM_MAX_KEYS + 1, one, one, 4)
-    with pytest.raises(RuntimeError, match="NVIDIA GPU"):
-        StreamRowTopk(torch.device("cpu"), 1, 8, one, one, 4)
-
-
 def test_native_reasons_off_a_gpu():
     assert native_reasons(torch.device("cpu")) == ["needs an NVIDIA GPU, not cpu"]
     with pytest.raises(RuntimeError, match="NVIDIA GPU"):
@@ -152,56 +127,8 @@ def test_kernel_writes_the_model_s_table(n, index_dtype):
         assert bool((wide[:, k:] == -9).all()), "columns past topk untouched"
 
 
-def _stream_rows(n: int, k: int, seed: int) -> torch.Tensor:
-    """Rows that send the streaming kernel down each of its routes: the k-th key's top-11-bit
-    bin needed whole, that bin holding just under, at and over the shared copies' capacity
-    (4096 keys), and a tie that only the last bits separate."""
-    g = torch.Generator().manual_seed(seed)
-    rows = []
-    x = torch.ones(n)
-    x[torch.randperm(n, generator=g)[:k]] = 100.0
-    rows.append(x)
-    for c in (4095, 4096, 4097, 6000):
-        if c + 100 <= n:
-            x = torch.full((n,), -5.0)
-            x[:100] = 1000.0
-            x[torch.randperm(n - 100, generator=g)[:c] + 100] = 1.0 + torch.rand(c, generator=g) * 0.2
-            rows.append(x)
-    x = torch.ones(n)
-    x[torch.randperm(n, generator=g)[:3000]] = 1.0 + 2 ** -20
-    rows.append(x)
-    return torch.stack(rows)
-
-
 @pytest.mark.cuda
-@pytest.mark.parametrize("n", [1500, 5000, 16384, 40000, STREAM_MAX_KEYS])
-@pytest.mark.parametrize("shape", STREAM_SHAPES)
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-def test_stream_kernel_writes_the_model_s_table(n, shape, index_dtype):
-    why = _gpu_reasons()
-    if why:
-        pytest.skip("; ".join(why))
-    dev = torch.device("cuda", torch.cuda.current_device())
-    k = 2048
-    blocks = [(d, logits_like(d, 12, n, dev, seed=n), _windows(12, n, k, seed=n)) for d in LOGIT_DISTRIBUTIONS]
-    special = _stream_rows(n, k, seed=n).to(dev)
-    rows = special.shape[0]
-    blocks.append(("routes", special, (torch.zeros(rows, dtype=torch.int64), torch.full((rows,), n))))
-    for name, logits, (starts, lengths) in blocks:
-        rows = logits.shape[0]
-        run = StreamRowTopk(dev, rows, n, starts.to(dev, index_dtype), lengths.to(dev, index_dtype), k, shape=shape)
-        wide = torch.full((rows, k + 8), -9, dtype=torch.int32, device=dev)
-        run(logits, wide[:, :k])  # a row-strided view
-        first = wide.clone()
-        run(logits, wide[:, :k])
-        assert torch.equal(wide, first), f"{name}: a rerun wrote another table"
-        assert torch.equal(wide[:, :k].cpu(), stream_table(logits.cpu(), starts, lengths, k)), name
-        assert bool((wide[:, k:] == -9).all()), "columns past topk untouched"
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("kernel", [NativeRowTopk, StreamRowTopk])
-def test_kernel_replays_in_a_cuda_graph_and_reads_refreshed_bounds(kernel):
+def test_kernel_replays_in_a_cuda_graph_and_reads_refreshed_bounds():
     why = _gpu_reasons()
     if why:
         pytest.skip("; ".join(why))
@@ -211,7 +138,7 @@ def test_kernel_replays_in_a_cuda_graph_and_reads_refreshed_bounds(kernel):
     starts = torch.zeros(rows, dtype=torch.int32, device=dev)
     lengths = torch.full((rows,), n, dtype=torch.int32, device=dev)
     out = torch.empty(rows, k, dtype=torch.int32, device=dev)
-    run = kernel(dev, rows, n, starts, lengths, k)
+    run = NativeRowTopk(dev, rows, n, starts, lengths, k)
     run(logits, out)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -221,10 +148,7 @@ def test_kernel_replays_in_a_cuda_graph_and_reads_refreshed_bounds(kernel):
     lengths.copy_(new_l)
     logits.normal_()
     graph.replay()
-    if kernel is NativeRowTopk:
-        want = native_table(logits.cpu(), new_s, new_l, k, threads=run.threads)
-    else:
-        want = stream_table(logits.cpu(), new_s, new_l, k)
+    want = native_table(logits.cpu(), new_s, new_l, k, threads=run.threads)
     assert torch.equal(out.cpu(), want)
 
 

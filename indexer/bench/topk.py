@@ -418,10 +418,6 @@ def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float
         # the CUDA C++ row top-k on the same rows, side by side
         row_topk_native = native.NativeRowTopk(device, m, n, starts, lengths, k)
         found.append(add("native", lambda: row_topk_native(logits, out)))
-    if n <= native.STREAM_MAX_KEYS and not native.native_reasons(device):
-        # its streaming variant (the row read from memory at each pass, several rows an SM)
-        stream_topk = native.StreamRowTopk(device, m, n, starts, lengths, k)
-        found.append(add("native, streaming", lambda: stream_topk(logits, out)))
     whole = dataclasses.replace(topk_config.launch_config(device), slices=1)
     if slices > 1:
         found.append(add("triton, whole rows", lambda: ragged.ragged_topk(logits, starts, lengths, k, out,

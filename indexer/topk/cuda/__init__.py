@@ -75,8 +75,8 @@ _lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=None)
-def _library(arch: str) -> tuple[ctypes.CDLL | None, str]:
-    """``(library, "")`` for ``arch`` (``"90"``), or ``(None, why not)``."""
+def _library(arch: str) -> tuple[object | None, str]:
+    """``(launch function, "")`` for ``arch`` (``"90"``), or ``(None, why not)``."""
     nvcc = _nvcc()
     if nvcc is None:
         return None, "nvcc not found (set CUDA_HOME or put the CUDA toolkit's bin on PATH)"
@@ -110,14 +110,11 @@ def _library(arch: str) -> tuple[ctypes.CDLL | None, str]:
         lib = ctypes.CDLL(str(target))
     except OSError as exc:
         return None, f"loading {target} failed: {exc}"
-    # both entries: (threads, keys a thread | least blocks an SM, index bytes, rows, logits,
-    # row stride, starts, lengths, out, out row stride, k, stream)
-    for fn in (lib.indexer_row_topk_launch, lib.indexer_stream_topk_launch):
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
-                       ctypes.c_void_p]
-    return lib, ""
+    fn = lib.indexer_row_topk_launch
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+    return fn, ""
 
 
 def _arch(device: torch.device) -> str:
@@ -136,56 +133,7 @@ def native_reasons(device: torch.device) -> list[str]:
     return [] if fn is not None else [why]
 
 
-def _check_bounds(device: torch.device, rows: int, starts_rel: torch.Tensor, lengths: torch.Tensor) -> None:
-    for name, v in (("starts_rel", starts_rel), ("lengths", lengths)):
-        if v.dtype not in (torch.int32, torch.int64) or v.device != device or v.numel() != rows or (
-                rows > 1 and v.stride(-1) != 1):
-            raise ValueError(f"{name} must be a contiguous int32/int64 [{rows}] tensor on {device}, got "
-                             f"{v.dtype} {tuple(v.shape)} on {v.device}")
-    if starts_rel.dtype != lengths.dtype:
-        raise ValueError(f"starts_rel and lengths must share a dtype, got {starts_rel.dtype} and {lengths.dtype}")
-
-
-class _Bound:
-    """A launch of one of the library's kernels, bound to one block of rows."""
-
-    _entry = ""
-
-    def __init__(self, device: torch.device, rows: int, n: int, starts_rel: torch.Tensor, lengths: torch.Tensor,
-                 topk: int, shape: tuple[int, int]):
-        from torch._C import _cuda_getCurrentRawStream
-
-        self.device, self.rows, self.n, self.topk = device, rows, n, topk
-        self.starts_rel, self.lengths = starts_rel, lengths
-        self.shape = tuple(shape)
-        self._fn = getattr(_library(_arch(device))[0], self._entry)
-        self._index_bytes = starts_rel.element_size()
-        self._starts, self._lengths = starts_rel.data_ptr(), lengths.data_ptr()
-        self._stream = _cuda_getCurrentRawStream
-
-    def __call__(self, logits: torch.Tensor, out: torch.Tensor) -> None:
-        """Fill ``out`` (int32 ``[R, topk]``, column stride 1) with each row's top-k columns,
-        relative to its window's start, ``-1`` padded; ``logits`` float32 ``[R, n]``, column
-        stride 1, on the device. Launches on the current stream."""
-        rc = self._fn(self.shape[0], self.shape[1], self._index_bytes, self.rows, logits.data_ptr(), logits.stride(0),
-                      self._starts, self._lengths, out.data_ptr(), out.stride(0), self.topk,
-                      self._stream(self.device.index))
-        if rc != 0:
-            raise RuntimeError(f"the native top-k ({self._entry}) did not launch (error {rc})")
-
-
-def _prepare(device: torch.device, rows: int, starts_rel: torch.Tensor, lengths: torch.Tensor) -> torch.device:
-    from ...platform import indexed_device
-
-    device = indexed_device(device)
-    why = native_reasons(device)
-    if why:
-        raise RuntimeError("the native row top-k cannot run: " + "; ".join(why))
-    _check_bounds(device, rows, starts_rel, lengths)
-    return device
-
-
-class NativeRowTopk(_Bound):
+class NativeRowTopk:
     """The native row top-k of one block of rows, bound once: ``run(logits, out)``.
 
     Args:
@@ -204,51 +152,41 @@ class NativeRowTopk(_Bound):
         RuntimeError: The kernel cannot run on ``device`` (:func:`native_reasons`).
     """
 
-    _entry = "indexer_row_topk_launch"
-
     def __init__(self, device: torch.device, rows: int, n: int, starts_rel: torch.Tensor, lengths: torch.Tensor,
                  topk: int, shape: tuple[int, int] | None = None):
-        device = _prepare(device, rows, starts_rel, lengths)
+        from ...platform import indexed_device
+
+        device = indexed_device(device)
+        why = native_reasons(device)
+        if why:
+            raise RuntimeError("the native row top-k cannot run: " + "; ".join(why))
+        for name, v in (("starts_rel", starts_rel), ("lengths", lengths)):
+            if v.dtype not in (torch.int32, torch.int64) or v.device != device or v.numel() != rows or (
+                    rows > 1 and v.stride(-1) != 1):
+                raise ValueError(f"{name} must be a contiguous int32/int64 [{rows}] tensor on {device}, got "
+                                 f"{v.dtype} {tuple(v.shape)} on {v.device}")
+        if starts_rel.dtype != lengths.dtype:
+            raise ValueError(f"starts_rel and lengths must share a dtype, got {starts_rel.dtype} and {lengths.dtype}")
         if shape is None:
             shape = shape_for(n)
         elif tuple(shape) not in SHAPES or shape[0] * shape[1] < n:
             raise ValueError(f"shape {shape}: not one of {SHAPES} that holds {n} keys")
-        super().__init__(device, rows, n, starts_rel, lengths, topk, shape)
-        self.threads, self.slots = self.shape
+        self.threads, self.slots = shape
+        self.device, self.rows, self.n, self.topk = device, rows, n, topk
+        self.starts_rel, self.lengths = starts_rel, lengths
+        self._fn = _library(_arch(device))[0]
+        self._index_bytes = starts_rel.element_size()
+        self._starts, self._lengths = starts_rel.data_ptr(), lengths.data_ptr()
+        from torch._C import _cuda_getCurrentRawStream
 
+        self._stream = _cuda_getCurrentRawStream
 
-#: (threads, least blocks an SM) of the streaming kernel, compiled; the first is the default
-STREAM_SHAPES = ((512, 2), (256, 4), (256, 6), (512, 3))
-
-#: the longest window the streaming kernel takes (its shared copies keep 16-bit columns)
-STREAM_MAX_KEYS = 65536
-
-
-class StreamRowTopk(_Bound):
-    """The streaming row top-k of one block of rows, bound once: ``run(logits, out)``.
-
-    One thread block a row as :class:`NativeRowTopk`, but the row stays in memory (read once
-    from HBM, then from L2) and several blocks share an SM: the top-k for many rows. Each
-    row's selected columns are written in ascending order.
-
-    Args:
-        device, rows, starts_rel, lengths, topk: As :class:`NativeRowTopk`'s.
-        n: The block's columns, at most :data:`STREAM_MAX_KEYS`.
-        shape: ``(threads, least blocks an SM)``, one of :data:`STREAM_SHAPES` (default the first).
-
-    Raises:
-        ValueError: A vector of another layout, ``n`` too wide, or a shape not compiled.
-        RuntimeError: The kernel cannot run on ``device`` (:func:`native_reasons`).
-    """
-
-    _entry = "indexer_stream_topk_launch"
-
-    def __init__(self, device: torch.device, rows: int, n: int, starts_rel: torch.Tensor, lengths: torch.Tensor,
-                 topk: int, shape: tuple[int, int] | None = None):
-        if n > STREAM_MAX_KEYS:
-            raise ValueError(f"windows of {n} keys: the streaming row top-k takes at most {STREAM_MAX_KEYS}")
-        device = _prepare(device, rows, starts_rel, lengths)
-        shape = STREAM_SHAPES[0] if shape is None else tuple(shape)
-        if shape not in STREAM_SHAPES:
-            raise ValueError(f"shape {shape}: not one of {STREAM_SHAPES}")
-        super().__init__(device, rows, n, starts_rel, lengths, topk, shape)
+    def __call__(self, logits: torch.Tensor, out: torch.Tensor) -> None:
+        """Fill ``out`` (int32 ``[R, topk]``, column stride 1) with each row's top-k columns,
+        relative to its window's start, ``-1`` padded; ``logits`` float32 ``[R, n]``, column
+        stride 1, on the device. Launches on the current stream."""
+        rc = self._fn(self.threads, self.slots, self._index_bytes, self.rows, logits.data_ptr(), logits.stride(0),
+                      self._starts, self._lengths, out.data_ptr(), out.stride(0), self.topk,
+                      self._stream(self.device.index))
+        if rc != 0:
+            raise RuntimeError(f"the native row top-k did not launch (error {rc})")

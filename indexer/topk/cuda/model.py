@@ -6,8 +6,7 @@ histograms of the top 11 bits, then the next 11 of the keys in the chosen bin, t
 10, stopping at the first pass whose bin is needed whole; keys tied at the k-th value beyond
 those needed are taken lowest column first. It writes the selected columns thread by thread
 (thread ``t`` holds columns ``t, t + threads, t + 2 * threads, ...``), so a row's table is
-its set sorted by ``(column % threads, column // threads)``. The streaming kernel selects the
-same set (the k largest keys, ties lowest column first) and writes it in column order.
+its set sorted by ``(column % threads, column // threads)``.
 """
 
 from __future__ import annotations
@@ -50,22 +49,6 @@ def radix_select(keys: torch.Tensor, k: int) -> torch.Tensor:
     return (keys > prefix) | (tie & (tie.cumsum(0) <= need))
 
 
-def _table(logits: torch.Tensor, starts_rel: torch.Tensor, lengths: torch.Tensor, topk: int,
-           order) -> torch.Tensor:
-    rows = logits.shape[0]
-    out = torch.full((rows, topk), -1, dtype=torch.int32)
-    starts, lens = starts_rel.cpu().tolist(), lengths.cpu().tolist()
-    for r in range(rows):
-        s, n = starts[r], lens[r]
-        if n <= topk:
-            out[r, :n] = torch.arange(n, dtype=torch.int32)
-            continue
-        keys = order_keys(logits[r, s:s + n].cpu())
-        cols = radix_select(keys, topk).nonzero().flatten()
-        out[r] = order(cols, n).to(torch.int32)
-    return out
-
-
 def native_table(logits: torch.Tensor, starts_rel: torch.Tensor, lengths: torch.Tensor, topk: int,
                  threads: int) -> torch.Tensor:
     """int32 ``[R, topk]``: the table the native kernel writes for a block of ``threads``
@@ -78,11 +61,16 @@ def native_table(logits: torch.Tensor, starts_rel: torch.Tensor, lengths: torch.
         topk: Keys kept a row.
         threads: The kernel's block size.
     """
-    return _table(logits, starts_rel, lengths, topk,
-                  lambda cols, n: cols[torch.argsort((cols % threads) * n + cols // threads)])
-
-
-def stream_table(logits: torch.Tensor, starts_rel: torch.Tensor, lengths: torch.Tensor, topk: int) -> torch.Tensor:
-    """int32 ``[R, topk]``: the table the streaming kernel writes (any block shape): each row's
-    selected columns in ascending order, ``-1`` padded. Arguments as :func:`native_table`'s."""
-    return _table(logits, starts_rel, lengths, topk, lambda cols, n: cols)
+    rows = logits.shape[0]
+    out = torch.full((rows, topk), -1, dtype=torch.int32)
+    starts, lens = starts_rel.cpu().tolist(), lengths.cpu().tolist()
+    for r in range(rows):
+        s, n = starts[r], lens[r]
+        if n <= topk:
+            out[r, :n] = torch.arange(n, dtype=torch.int32)
+            continue
+        keys = order_keys(logits[r, s:s + n].cpu())
+        cols = radix_select(keys, topk).nonzero().flatten()
+        order = torch.argsort((cols % threads) * n + cols // threads)
+        out[r] = cols[order].to(torch.int32)
+    return out
