@@ -184,9 +184,10 @@ NATIVE_TOPK_MAX_KEYS = _declare(
         _parse_positive_int,
         0,
         "Where the top-k is 'triton', chunks whose rows span at most this many keys, and few "
-        "enough rows of them (rows x keys <= indexer.topk.cuda.KEYS_PER_SM x SMs), take the "
-        "native top-k instead: a CUDA C++ kernel, one thread block a row, compiled with nvcc at "
-        "the first plan that uses it and cached in $XDG_CACHE_HOME/indexer/native. 0: never. "
+        "enough rows of them (indexer.topk.cuda.ROWS_PER_SM x SMs for the block that holds "
+        "them), take the native top-k instead: a CUDA C++ kernel, one thread block a row, "
+        "compiled with nvcc at the first plan that uses it and cached in "
+        "$XDG_CACHE_HOME/indexer/native. 0: never. "
         "32768 (the kernel's limit, indexer.topk.cuda.MAX_KEYS) by default on NVIDIA; off "
         "elsewhere. Where the default asks for it and it cannot build (no nvcc), plans keep "
         "the Triton top-k and say why; a value set explicitly raises instead.",

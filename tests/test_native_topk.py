@@ -128,6 +128,24 @@ def test_kernel_writes_the_model_s_table(n, index_dtype):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("k", [64, 9000])
+def test_kernel_writes_the_model_s_table_at_other_k(k):
+    # 9000 is past the shared-memory staging of the table (written directly instead)
+    why = _gpu_reasons()
+    if why:
+        pytest.skip("; ".join(why))
+    dev = torch.device("cuda", torch.cuda.current_device())
+    n = 20000
+    for dist in ("gaussian", "equal", "relu_zeros"):
+        logits = logits_like(dist, 16, n, dev, seed=k)
+        starts, lengths = _windows(16, n, k, seed=k)
+        run = NativeRowTopk(dev, 16, n, starts.to(dev), lengths.to(dev), k)
+        out = torch.full((16, k), -9, dtype=torch.int32, device=dev)
+        run(logits, out)
+        assert torch.equal(out.cpu(), native_table(logits.cpu(), starts, lengths, k, threads=run.threads)), dist
+
+
+@pytest.mark.cuda
 def test_kernel_replays_in_a_cuda_graph_and_reads_refreshed_bounds():
     why = _gpu_reasons()
     if why:
@@ -180,11 +198,16 @@ def test_a_plan_with_short_rows_takes_the_native_top_k_and_its_sets(monkeypatch)
     assert torch.equal(_sorted(got.cpu()), _sorted(want.cpu()))
 
 
-def test_native_fits_the_keys_an_sm_may_hold():
-    from indexer.topk.cuda import KEYS_PER_SM, native_fits
+def test_native_fits_the_rows_an_sm_may_queue():
+    from indexer.topk.cuda import ROWS_PER_SM, native_fits
 
-    assert native_fits(132 * KEYS_PER_SM // 16384, 16384, 132)
-    assert not native_fits(132 * KEYS_PER_SM // 16384 + 1, 16384, 132)
+    assert set(ROWS_PER_SM) == set(SHAPES)
+    for n in (4096, 8192, 16384, 32768):
+        per_sm = ROWS_PER_SM[shape_for(n)]
+        assert native_fits(132 * per_sm, n, 132)
+        assert not native_fits(132 * per_sm + 1, n, 132)
+    assert native_fits(1056, 16384, 132) and not native_fits(2048, 16384, 132)
+    assert native_fits(4096, 8192, 132) and not native_fits(512, 32768, 132)
     assert not native_fits(1, MAX_KEYS + 1, 132)
 
 

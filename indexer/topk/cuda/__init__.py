@@ -48,16 +48,18 @@ def shape_for(n: int) -> tuple[int, int]:
     raise ValueError(f"windows of {n} keys: the native row top-k takes at most {MAX_KEYS}")
 
 
-#: keys a streaming multiprocessor may hold for the native kernel to take a chunk: where
-#: more rows than this queue on every SM, the Triton top-k's sample / filter / select
-#: launches are faster (they stream; the native kernel waits on each row's passes)
-KEYS_PER_SM = 65536
+#: rows an SM a chunk may give the native kernel, per block shape (:func:`shape_for`): where
+#: more rows queue on every SM, the Triton top-k's sample / filter / select launches, which
+#: stream, are as fast or faster (each block waits on its own row's passes). From the
+#: measurements in docs/benchmarks.md ("The native row top-k"), with margin for the H200,
+#: whose bandwidth favours the Triton launches more than the H100's.
+ROWS_PER_SM = {(256, 16): 16, (512, 16): 32, (512, 32): 8, (1024, 24): 2, (1024, 32): 2, (1024, 16): 4}
 
 
 def native_fits(rows: int, n: int, sms: int) -> bool:
-    """Whether a chunk of ``rows`` rows of at most ``n`` keys is the native kernel's:
-    ``rows * n <= KEYS_PER_SM * sms`` on a GPU of ``sms`` SMs (and ``n <= MAX_KEYS``)."""
-    return n <= MAX_KEYS and rows * n <= KEYS_PER_SM * sms
+    """Whether a chunk of ``rows`` rows of at most ``n`` keys is the native kernel's on a GPU
+    of ``sms`` SMs: ``n <= MAX_KEYS`` and ``rows <= ROWS_PER_SM[shape_for(n)] * sms``."""
+    return n <= MAX_KEYS and rows <= ROWS_PER_SM[shape_for(n)] * sms
 
 
 def _nvcc() -> str | None:

@@ -193,10 +193,22 @@ __global__ void __launch_bounds__(THREADS, THREADS <= 512 ? 2 : 1) row_topk_kern
   int pos;
   __syncthreads();
   Scan(scan_tmp).ExclusiveSum(mine, pos);
+  if (k > COPIES * STRIDE) {
+#pragma unroll
+    for (int j = 0; j < SLOTS; ++j) {
+      if (selected(j)) orow[pos++] = tid + j * THREADS;
+    }
+    return;
+  }
+  // the table staged in shared memory (the histogram's), then written out coalesced: each
+  // thread's positions are a run of its own, scattered across the row's table
+  int* stage = hist;
 #pragma unroll
   for (int j = 0; j < SLOTS; ++j) {
-    if (selected(j)) orow[pos++] = tid + j * THREADS;
+    if (selected(j)) stage[pos++] = tid + j * THREADS;
   }
+  __syncthreads();
+  for (int j = tid; j < k; j += THREADS) orow[j] = stage[j];
 }
 
 }  // namespace indexer_row_topk
