@@ -7,7 +7,8 @@
 // in shared memory, then of the next 11 among the keys of the chosen bin, then of the last
 // 10; it stops at the first pass whose bin is needed whole. The write places each selected
 // key's column by a block scan of the threads' counts (deterministic, no atomics decide a
-// position); keys tied at the k-th value are taken lowest column first.
+// position), staged in shared memory and copied out in order; keys tied at the k-th value
+// are taken lowest column first.
 //
 // Shared-memory histograms are kept in COPIES replicas (a thread adds to replica
 // tid % COPIES) and each thread first merges runs of equal bins in its own keys: rows of one
