@@ -18,8 +18,8 @@ from __future__ import annotations
 import difflib
 import os
 import warnings
-from pathlib import Path
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable
 
 PLATFORM_KEYS = ("cuda", "rocm", "cpu")
