@@ -8,7 +8,7 @@ import torch
 
 from indexer.synthetic import LOGIT_DISTRIBUTIONS, logits_like
 from indexer.topk.cuda import MAX_KEYS, SHAPES, NativeRowTopk, native_reasons, shape_for
-from indexer.topk.cuda.model import native_table, order_keys, radix_select
+from indexer.topk.cuda.model import checks_one_value, native_table, order_keys, radix_select
 from indexer.topk.reference import row_topk
 
 
@@ -82,6 +82,42 @@ def test_radix_select_passes(case):
         assert mask.nonzero().flatten().tolist() == [0, 1, 2]
 
 
+def _one_value_rows(n: int, k: int) -> list[torch.Tensor]:
+    """Rows whose chosen bins hold one value, or look as if they might: each path of the
+    kernel's one-value check (taken after the first pass, taken after the second, checked and
+    failed, then checked again)."""
+    g = torch.Generator().manual_seed(n)
+    ulp = 2.0 ** -23
+    rows = [
+        torch.ones(n),                                            # first pass: one value
+        torch.randint(0, 8, (n,), generator=g).float(),           # first pass: the k-th's value
+        (torch.randn(n, generator=g) - 2.5).clamp_min(0.0),       # zeros below a few positives
+        1.0 + ulp * torch.randint(0, 4, (n,), generator=g).float(),  # one top-22-bit bin, 4 values
+        torch.where(torch.rand(n, generator=g) < 0.5, 1.0, 1.0 + 2.0 ** -5),  # two second-pass bins
+    ]
+    short = torch.full((n,), -1.0)
+    short[: k + k // 2] = 3.0  # a bin of 1.5 k keys: not checked after the first pass, after the second
+    rows.append(short)
+    return rows
+
+
+def test_the_one_value_check_keeps_the_lowest_index_set():
+    k = 64
+    for n in (100, 1000):
+        for i, row in enumerate(_one_value_rows(n, k)):
+            mask = radix_select(order_keys(row), k)
+            want = torch.zeros(n, dtype=torch.bool)
+            # the reference: descending value, then ascending column
+            order = sorted(range(n), key=lambda c: (-float(row[c]), c))
+            want[order[:k]] = True
+            assert torch.equal(mask, want), (n, i)
+    # where the kernel looks: a bin fuller than 1/16 of the row and than twice what is needed
+    assert checks_one_value(0, 1001, 16000, 500, 16000)
+    assert not checks_one_value(0, 999, 16000, 500, 16000)
+    assert not checks_one_value(0, 2048, 16384, 2047, 16384)  # a ramp's first bin
+    assert checks_one_value(1, 3000, 3000, 2048, 3000) and not checks_one_value(1, 2999, 3000, 2048, 3000)
+
+
 def test_shape_for_takes_the_first_block_that_holds_the_window():
     assert shape_for(1) == SHAPES[0]
     for n in (4096, 4097, 8192, 16384, 16385, MAX_KEYS):
@@ -143,6 +179,26 @@ def test_kernel_writes_the_model_s_table_at_other_k(k):
         out = torch.full((16, k), -9, dtype=torch.int32, device=dev)
         run(logits, out)
         assert torch.equal(out.cpu(), native_table(logits.cpu(), starts, lengths, k, threads=run.threads)), dist
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n", [3000, 8192, 16384, 32768])
+def test_kernel_writes_the_model_s_table_where_a_bin_is_one_value(n):
+    why = _gpu_reasons()
+    if why:
+        pytest.skip("; ".join(why))
+    dev = torch.device("cuda", torch.cuda.current_device())
+    k = 2048
+    rows = _one_value_rows(n, k)
+    logits = torch.stack(rows + [r.flip(0) for r in rows]).to(dev)
+    r = logits.shape[0]
+    starts = torch.zeros(r, dtype=torch.int32)
+    lengths = torch.full((r,), n, dtype=torch.int32)
+    lengths[1::2] = max(k + 1, n - 777)  # windows shorter than the row, odd lengths
+    run = NativeRowTopk(dev, r, n, starts.to(dev), lengths.to(dev), k)
+    out = torch.full((r, k), -9, dtype=torch.int32, device=dev)
+    run(logits, out)
+    assert torch.equal(out.cpu(), native_table(logits.cpu(), starts, lengths, k, threads=run.threads))
 
 
 @pytest.mark.cuda

@@ -3,8 +3,9 @@ the CUDA kernel must reproduce bit for bit (its output order included).
 
 The kernel (``row_topk.cu``) selects each row by a radix select over 32-bit order keys:
 histograms of the top 11 bits, then the next 11 of the keys in the chosen bin, then the last
-10, stopping at the first pass whose bin is needed whole; keys tied at the k-th value beyond
-those needed are taken lowest column first. It writes the selected columns thread by thread
+10, stopping at the first pass whose bin is needed whole, or whose bin holds one value where
+the kernel checks for that (:func:`checks_one_value`); keys tied at the k-th value beyond those
+needed are taken lowest column first. It writes the selected columns thread by thread
 (thread ``t`` holds columns ``t, t + threads, t + 2 * threads, ...``), so a row's table is
 its set sorted by ``(column % threads, column // threads)``.
 """
@@ -27,22 +28,40 @@ def order_keys(values: torch.Tensor) -> torch.Tensor:
     return k ^ 0x80000000
 
 
+def checks_one_value(pass_: int, count: int, prev_count: int, need: int, length: int) -> bool:
+    """Whether the kernel checks, after pass ``pass_`` (0-based), that the keys of the chosen bin
+    are one value (and then ends the select there): after the first pass where the bin holds
+    over 1/16 of the row's ``length`` keys and at least twice the ``need`` keys still to take,
+    after a later one where the pass did not narrow the bin (``count == prev_count``)."""
+    if pass_ == 0:
+        return 16 * count > length and count >= 2 * need
+    return count == prev_count
+
+
 def radix_select(keys: torch.Tensor, k: int) -> torch.Tensor:
     """Bool mask of the ``k`` selected among ``keys`` (int64 ``[L]`` from :func:`order_keys`,
     ``L > k``, in column order): the passes of the kernel, ties at the k-th key to the lowest
     columns."""
-    prefix, width, need, whole = 0, 0, k, False
-    for bits in PASS_BITS:
+    prefix, width, need, whole, prev = 0, 0, k, False, int(keys.numel())
+    for i, bits in enumerate(PASS_BITS):
         shift = 32 - width - bits
         inside = keys if width == 0 else keys[(keys >> (32 - width)) == prefix]
-        hist = torch.bincount((inside >> shift) & ((1 << bits) - 1), minlength=1 << bits)
+        digit = (inside >> shift) & ((1 << bits) - 1)
+        hist = torch.bincount(digit, minlength=1 << bits)
         at_or_above = hist.flip(0).cumsum(0).flip(0)  # keys in a bin or a higher one
         above = at_or_above - hist
         b = int(((above < need) & (need <= at_or_above)).nonzero()[0, 0])
         prefix, width, need = (prefix << bits) | b, width + bits, need - int(above[b])
-        if int(hist[b]) == need:
+        count = int(hist[b])
+        if count == need:
             whole = True
             break
+        if width < 32 and checks_one_value(i, count, prev, need, int(keys.numel())):
+            chosen = inside[digit == b]
+            if int(chosen.min()) == int(chosen.max()):
+                prefix, width = int(chosen[0]), 32
+                break
+        prev = count
     if whole:
         return (keys >> (32 - width)) >= prefix
     tie = keys == prefix

@@ -5,7 +5,9 @@
 // -0.0 equal to +0.0, as the Triton kernels and torch.topk rank them), and finds the k-th
 // largest key by a radix select over the keys in registers: a histogram of the top 11 bits
 // in shared memory, then of the next 11 among the keys of the chosen bin, then of the last
-// 10; it stops at the first pass whose bin is needed whole. The write places each selected
+// 10; it stops at the first pass whose bin is needed whole, and early where the keys of the
+// chosen bin are all one value (a bin much fuller than needed after the first pass, or one a
+// pass did not narrow: rows of equal keys, of a few values, of zeros). The write places each selected
 // key's column by a block scan of the threads' counts (deterministic, no atomics decide a
 // position), staged in shared memory and copied out in order; keys tied at the k-th value
 // are taken lowest column first.
@@ -64,11 +66,12 @@ __global__ void __launch_bounds__(THREADS, THREADS <= 512 ? 2 : 1) row_topk_kern
                                                           int64_t out_stride, int k) {
   constexpr int BPT = BINS / THREADS;
   constexpr int WARPS = THREADS / 32;
+  static_assert(SLOTS <= 32, "a tie count a thread, a bit of tie_take a slot");
   using Scan = cub::BlockScan<int, THREADS>;
   __shared__ int hist[COPIES * STRIDE];
   __shared__ typename Scan::TempStorage scan_tmp;
-  __shared__ int tie_base[SLOTS][WARPS + 1];
-  __shared__ uint32_t s_bin;
+  __shared__ int tie_base[SLOTS * WARPS];
+  __shared__ uint32_t s_bin, s_lo, s_hi;
   __shared__ int s_above, s_count;
 
   const int tid = threadIdx.x;
@@ -83,6 +86,10 @@ __global__ void __launch_bounds__(THREADS, THREADS <= 512 ? 2 : 1) row_topk_kern
   const float* p = logits + row * row_stride + static_cast<int64_t>(starts[row]);
 
   for (int i = tid; i < COPIES * STRIDE; i += THREADS) hist[i] = 0;
+  if (tid == 0) {
+    s_lo = 0xFFFFFFFFu;
+    s_hi = 0u;
+  }
 
   // slot j of thread t is column t + j * THREADS: every load is one coalesced line a warp
   uint32_t keys[SLOTS];
@@ -98,6 +105,7 @@ __global__ void __launch_bounds__(THREADS, THREADS <= 512 ? 2 : 1) row_topk_kern
   uint32_t prefix = 0u;
   int width = 0;
   int need = k;
+  int prev_count = static_cast<int>(len);
   bool whole = false;  // the last bin is taken whole
 #pragma unroll 1
   for (int pass = 0; pass < 3; ++pass) {
@@ -137,50 +145,78 @@ __global__ void __launch_bounds__(THREADS, THREADS <= 512 ? 2 : 1) row_topk_kern
       whole = true;
       break;
     }
-    if (pass < 2) {
-      for (int i = tid; i < COPIES * STRIDE; i += THREADS) hist[i] = 0;
+    if (width == 32) break;
+    // One value across the bin ends the select: its remaining passes would only split it
+    // again. Checked where that is likely, so that other rows do not pay the extra read of
+    // their registers: after the first pass, a bin of over 1/16 of the row and twice the keys
+    // still needed (ramps fill a bin to about what is needed); after a later pass, a bin that
+    // pass did not narrow.
+    if (pass == 0 ? (16 * static_cast<int64_t>(count) > len && count >= 2 * need) : count == prev_count) {
+      const int sh = 32 - width;
+      uint32_t lo = 0xFFFFFFFFu, hi = 0u;
+#pragma unroll
+      for (int j = 0; j < SLOTS; ++j) {
+        const uint32_t kk = keys[j];
+        if (kk != 0u && (kk >> sh) == prefix) {
+          lo = min(lo, kk);
+          hi = max(hi, kk);
+        }
+      }
+#if __CUDA_ARCH__ >= 800
+      lo = __reduce_min_sync(0xFFFFFFFFu, lo);
+      hi = __reduce_max_sync(0xFFFFFFFFu, hi);
+#else
+      for (int o = 16; o; o >>= 1) {
+        lo = min(lo, __shfl_xor_sync(0xFFFFFFFFu, lo, o));
+        hi = max(hi, __shfl_xor_sync(0xFFFFFFFFu, hi, o));
+      }
+#endif
+      if (lane == 0) {
+        atomicMin(&s_lo, lo);
+        atomicMax(&s_hi, hi);
+      }
       __syncthreads();
+      lo = s_lo;
+      hi = s_hi;
+      if (lo == hi) {
+        prefix = lo;
+        width = 32;
+        break;
+      }
+    }
+    prev_count = count;
+    for (int i = tid; i < COPIES * STRIDE; i += THREADS) hist[i] = 0;
+    __syncthreads();
+    // every thread read s_lo and s_hi before the barrier above: ready for the next check
+    if (tid == 0) {
+      s_lo = 0xFFFFFFFFu;
+      s_hi = 0u;
     }
   }
   // width == 32 unless a pass took its bin whole
   const int pshift = 32 - width;
 
   // keys tied at the k-th value beyond `need`: the lowest columns first. Column order is
-  // (slot, warp, lane): per slot, a warp's ties counted by a ballot, the warps' counts
-  // scanned in shared memory.
+  // (slot, warp, lane): a warp's ties of each slot counted by a ballot, the (slot, warp)
+  // counts scanned in that order across the block, one count a thread (SLOTS * WARPS <= THREADS).
   uint32_t tie_take = 0u;  // bit j: slot j's key is a tie taken
   if (!whole) {
 #pragma unroll
     for (int j = 0; j < SLOTS; ++j) {
       const uint32_t m = __ballot_sync(0xFFFFFFFFu, keys[j] == prefix);
-      if (lane == 0) tie_base[j][warp] = __popc(m);
+      if (lane == 0) tie_base[j * WARPS + warp] = __popc(m);
     }
     __syncthreads();
-    if (tid < SLOTS) {
-      int s = 0;
-      for (int w = 0; w < WARPS; ++w) {
-        const int t = tie_base[tid][w];
-        tie_base[tid][w] = s;
-        s += t;
-      }
-      tie_base[tid][WARPS] = s;
-    }
-    __syncthreads();
-    if (tid == 0) {
-      int s = 0;
-      for (int j = 0; j < SLOTS; ++j) {
-        const int t = tie_base[j][WARPS];
-        tie_base[j][WARPS] = s;
-        s += t;
-      }
-    }
+    int t = tid < SLOTS * WARPS ? tie_base[tid] : 0;
+    Scan(scan_tmp).ExclusiveSum(t, t);
+    if (tid < SLOTS * WARPS) tie_base[tid] = t;
     __syncthreads();
     const uint32_t below = (1u << lane) - 1u;
 #pragma unroll
     for (int j = 0; j < SLOTS; ++j) {
       const bool tie = keys[j] == prefix;
       const uint32_t m = __ballot_sync(0xFFFFFFFFu, tie);
-      const int r = tie_base[j][WARPS] + tie_base[j][warp] + __popc(m & below);
+      const int r = tie_base[j * WARPS + warp] + __popc(m & below);
       if (tie && r < need) tie_take |= 1u << j;
     }
   }
