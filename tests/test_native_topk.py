@@ -96,7 +96,7 @@ def _one_value_rows(n: int, k: int) -> list[torch.Tensor]:
         torch.where(torch.rand(n, generator=g) < 0.5, 1.0, 1.0 + 2.0 ** -5),  # two second-pass bins
     ]
     short = torch.full((n,), -1.0)
-    short[: k + k // 2] = 3.0  # a bin of 1.5 k keys: not checked after the first pass, after the second
+    short[: k + k // 2] = 3.0  # a bin of 1.5 k keys: checked only after the second pass
     rows.append(short)
     return rows
 
