@@ -137,20 +137,23 @@ def test_native_reasons_off_a_gpu():
                       4)
 
 
-def _gpu_reasons() -> list:
+@pytest.fixture
+def dev() -> torch.device:
+    """The current CUDA device where the kernel can run there (builds it the first time);
+    otherwise the test skips with the reasons."""
     if not torch.cuda.is_available() or torch.version.cuda is None:
-        return ["needs an NVIDIA GPU"]
-    return native_reasons(torch.device("cuda", torch.cuda.current_device()))
+        pytest.skip("needs an NVIDIA GPU")
+    device = torch.device("cuda", torch.cuda.current_device())
+    why = native_reasons(device)
+    if why:
+        pytest.skip("; ".join(why))
+    return device
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("n", [1500, 4096, 8192, 16384, 20000, 32768])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-def test_kernel_writes_the_model_s_table(n, index_dtype):
-    why = _gpu_reasons()
-    if why:
-        pytest.skip("; ".join(why))
-    dev = torch.device("cuda", torch.cuda.current_device())
+def test_kernel_writes_the_model_s_table(n, index_dtype, dev):
     k = 2048
     for dist in LOGIT_DISTRIBUTIONS:
         logits = logits_like(dist, 24, n, dev, seed=n)
@@ -165,12 +168,8 @@ def test_kernel_writes_the_model_s_table(n, index_dtype):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("k", [64, 9000])
-def test_kernel_writes_the_model_s_table_at_other_k(k):
+def test_kernel_writes_the_model_s_table_at_other_k(k, dev):
     # 9000 is past the shared-memory staging of the table (written directly instead)
-    why = _gpu_reasons()
-    if why:
-        pytest.skip("; ".join(why))
-    dev = torch.device("cuda", torch.cuda.current_device())
     n = 20000
     for dist in ("gaussian", "equal", "relu_zeros"):
         logits = logits_like(dist, 16, n, dev, seed=k)
@@ -183,11 +182,7 @@ def test_kernel_writes_the_model_s_table_at_other_k(k):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("n", [3000, 8192, 16384, 32768])
-def test_kernel_writes_the_model_s_table_where_a_bin_is_one_value(n):
-    why = _gpu_reasons()
-    if why:
-        pytest.skip("; ".join(why))
-    dev = torch.device("cuda", torch.cuda.current_device())
+def test_kernel_writes_the_model_s_table_where_a_bin_is_one_value(n, dev):
     k = 2048
     rows = _one_value_rows(n, k)
     logits = torch.stack(rows + [r.flip(0) for r in rows]).to(dev)
@@ -202,11 +197,7 @@ def test_kernel_writes_the_model_s_table_where_a_bin_is_one_value(n):
 
 
 @pytest.mark.cuda
-def test_kernel_replays_in_a_cuda_graph_and_reads_refreshed_bounds():
-    why = _gpu_reasons()
-    if why:
-        pytest.skip("; ".join(why))
-    dev = torch.device("cuda", torch.cuda.current_device())
+def test_kernel_replays_in_a_cuda_graph_and_reads_refreshed_bounds(dev):
     n, k, rows = 16384, 2048, 64
     logits = logits_like("gaussian", rows, n, dev)
     starts = torch.zeros(rows, dtype=torch.int32, device=dev)
@@ -227,14 +218,10 @@ def test_kernel_replays_in_a_cuda_graph_and_reads_refreshed_bounds():
 
 
 @pytest.mark.cuda
-def test_a_plan_with_short_rows_takes_the_native_top_k_and_its_sets(monkeypatch):
-    why = _gpu_reasons()
-    if why:
-        pytest.skip("; ".join(why))
+def test_a_plan_with_short_rows_takes_the_native_top_k_and_its_sets(monkeypatch, dev):
     import indexer
     from indexer.synthetic import make_inputs
 
-    dev = torch.device("cuda", torch.cuda.current_device())
     inp = make_inputs([9000, 3000], [64, 64], heads=8, head_dim=32, device=dev, seed=5)
     q, k, k_scale, weights, starts, ends = inp.args()
 
