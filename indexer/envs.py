@@ -340,6 +340,19 @@ CHECK_VALUES = _declare(
     )
 )
 
+TOPK_GRAPH = _declare(
+    Flag(
+        "TOPK_GRAPH",
+        _parse_bool,
+        True,
+        "CUDA: a plan's Triton top-k chunks capture their four or five launches in a CUDA "
+        "graph at the first run with given logits and table addresses, and replay it on "
+        "later runs with the same ones: one graph launch instead of several, less host time "
+        "a layer (docs/topk.md). Off: every run launches each kernel.",
+        type_name="bool",
+    )
+)
+
 TRITON_DIRECT_LAUNCH = _declare(
     Flag(
         "TRITON_DIRECT_LAUNCH",

@@ -108,12 +108,15 @@ def prepare_topk(problem: Problem, chunks: Sequence, choice: str | None = None) 
     torch.topk or, where the choice (:func:`topk_choice`; ``choice`` overrides) is
     ``triton``, the native row kernel for chunks no wider than :func:`native_max_keys` whose
     rows fit its budget (:func:`indexer.topk.cuda.native_fits`) and the Triton kernel for the
-    rest. ``state["topk_kind"]`` names it (``torch``, ``triton``,
+    rest; on CUDA a Triton chunk's launches are replayed from CUDA graphs
+    (:class:`~indexer.topk.graphed.GraphedTopk`, ``INDEXER_TOPK_GRAPH``).
+    ``state["topk_kind"]`` names it (``torch``, ``triton``, ``triton (graphed)``,
     ``native``) and ``state["topk_note"]`` says why a native kernel that was asked for by
     default is not used. Triton's chunks ask for their scratch (``state["scratch_numel"]``),
     bound by :func:`bind_topk` once the plan's workspace holds it."""
     choice = topk_choice(problem.device) if choice is None else choice
     native, why = native_max_keys(problem.device) if choice == "triton" else (0, "")
+    graphed = choice == "triton" and topk_graphed(problem.device)
     for c in chunks:
         if c.empty:
             continue
@@ -131,10 +134,23 @@ def prepare_topk(problem: Problem, chunks: Sequence, choice: str | None = None) 
             c.state["scratch_numel"] = run.scratch_numel
             if why:
                 c.state["topk_note"] = why
+            if graphed:
+                from .graphed import GraphedTopk
+
+                run, kind = GraphedTopk(run, problem.device), "triton (graphed)"
         else:
             run, kind = _TorchTopk(c, problem.topk), "torch"
         c.state["topk"] = run
         c.state["topk_kind"] = kind
+
+
+def topk_graphed(device: torch.device) -> bool:
+    """Whether a plan's Triton top-k chunks replay their launches from CUDA graphs on
+    ``device`` (``INDEXER_TOPK_GRAPH``; CUDA devices only: :mod:`indexer.topk.graphed`)."""
+    from .. import envs
+    from ..platform import platform_key
+
+    return device.type == "cuda" and bool(envs.resolve("TOPK_GRAPH", platform_key(device)).value)
 
 
 def bind_topk(chunks: Sequence) -> None:

@@ -1,0 +1,110 @@
+"""A chunk's top-k launches replayed from a CUDA graph: one graph launch a call.
+
+The Triton top-k of a chunk is four or five kernel launches whose arguments, once the plan
+has bound them, change only with the logits' and the table's addresses and row strides.
+Each launch costs the host 10-15 us (Triton's launcher and the driver), so the top-k is
+most of the host time of a layer's run (docs/benchmarks.md, "A forward step").
+:class:`GraphedTopk` captures those launches into a CUDA graph at the first call for a
+given (logits, out) placement and replays the graph on later calls with the same one.
+
+What a graph binds: the logits' and the table's addresses and row strides (the key), and
+the plan's own tensors (row bounds, read in place, so ``update_bounds`` is seen; scratch).
+A call with another placement launches eagerly and captures a graph for it, up to
+:data:`MAX_GRAPHS` placements; past them it launches eagerly. Inside a caller's own capture
+it always launches eagerly (the caller's graph records the kernels).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable
+
+import torch
+
+log = logging.getLogger("indexer")
+
+#: placements (logits and table addresses, row strides) a chunk keeps a graph for: the
+#: logits of a chunk land at one address layer after layer where the same allocations
+#: repeat (DeepGEMM allocates its own), a few where they alternate
+MAX_GRAPHS = 4
+
+_streams: dict[int, torch.cuda.Stream] = {}
+_streams_lock = threading.Lock()
+
+
+def _capture_stream(index: int) -> "torch.cuda.Stream":
+    # a capture needs a stream of its own (not the legacy default one); one a device suffices
+    with _streams_lock:
+        s = _streams.get(index)
+        if s is None:
+            s = _streams[index] = torch.cuda.Stream(device=index)
+        return s
+
+
+class GraphedTopk:
+    """``run(logits, out)`` replayed from a CUDA graph for each placement it has seen.
+
+    Args:
+        run: A chunk's top-k, called as ``run(logits, out)`` (float32 ``[R, n]`` logits,
+            int32 ``[R, topk]`` table, both on ``device``): it launches work on the current
+            stream that depends only on the two tensors' addresses and row strides and on
+            state it holds, and it neither allocates nor synchronizes once it has run once.
+        device: The CUDA device it runs on.
+
+    Attributes:
+        captures: Graphs captured so far.
+        replays: Calls served by a replay.
+        failed: Why a capture failed (then every call launches eagerly), or ``""``.
+    """
+
+    def __init__(self, run: Callable[[torch.Tensor, torch.Tensor], None], device: torch.device):
+        self.run, self.device = run, device
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.captures = self.replays = 0
+        self.failed = ""
+
+    def __getattr__(self, name):
+        # the wrapped top-k's attributes (scratch_numel, bind, plan...) stay reachable
+        if name == "run":
+            raise AttributeError(name)
+        return getattr(self.run, name)
+
+    def bind(self, scratch: torch.Tensor) -> None:
+        """Rebind the wrapped top-k's scratch (``run.bind``); graphs captured on the old one
+        are dropped."""
+        self._graphs.clear()
+        self.run.bind(scratch)
+
+    def __call__(self, logits: torch.Tensor, out: torch.Tensor) -> None:
+        """Fill ``out`` from ``logits`` as ``run`` does, on the current stream."""
+        key = (logits.data_ptr(), logits.stride(0), out.data_ptr(), out.stride(0))
+        graph = self._graphs.get(key)
+        capturing = torch.cuda.is_current_stream_capturing()
+        if graph is not None and not capturing:
+            graph.replay()
+            self.replays += 1
+            return
+        # eager first: it checks the tensors, and the first call compiles and binds
+        self.run(logits, out)
+        if capturing or self.failed or len(self._graphs) >= MAX_GRAPHS:
+            return
+        self._capture(key, logits, out)
+
+    def _capture(self, key: tuple, logits: torch.Tensor, out: torch.Tensor) -> None:
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.stream(_capture_stream(self.device.index)):
+                # thread_local: another thread's CUDA calls meanwhile do not break this capture
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    self.run(logits, out)
+                finally:
+                    graph.capture_end()
+        except Exception as exc:  # noqa: BLE001 - any failure leaves the eager launches, which ran
+            self.failed = f"{type(exc).__name__}: {exc}"[:300]
+            log.warning("indexer: the top-k's launches could not be captured in a CUDA graph (%s); "
+                        "launching them eagerly", self.failed)
+            return
+        self._graphs[key] = graph
+        self.captures += 1
