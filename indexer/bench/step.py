@@ -10,7 +10,8 @@ rest of the layer) followed by the indexer, in three ways, side by side in one p
 
 Per way and configuration:
 
-- ``host us``: the host's time of one indexer call with the device kept busy (mean).
+- ``host us``: the host's time of one indexer call with the device kept busy (median of 20
+  calls, each timed alone).
 - ``kernels ms``: the sum of the device time of one layer's kernels (matmul included),
   from the profiler, over the L layers queued back to back.
 - ``idle %``: in that same profiled run, the share of the span from the first kernel's start

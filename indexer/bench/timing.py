@@ -82,21 +82,24 @@ def graph_ms(fn: Callable[[], object], device: torch.device, repeats: int = 5) -
 
 
 def host_ms(fn: Callable[[], object], device: torch.device, warmup: int = 2, calls: int = 20) -> float:
-    """The host's time for one call of ``fn`` in milliseconds (mean of ``calls``). CUDA: a
-    sleep kernel is queued first, so that the device is busy and no launch waits on it: the
-    time to validate, allocate and launch alone. CPU: :func:`median_ms`."""
+    """The host's time for one call of ``fn`` in milliseconds: the median of ``calls`` calls,
+    each timed alone. CUDA: a sleep kernel is queued first, so that the device is busy and
+    no launch waits on it: the time to validate, allocate and launch alone (the first call
+    after a synchronization takes several times longer on the hosts measured; the median
+    leaves it out). CPU: :func:`median_ms`."""
     if device.type != "cuda":
         return median_ms(fn, device, warmup, calls)
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize(device)
     torch.cuda._sleep(1 << 30)  # about half a second of device time, far longer than the calls' host time
-    t0 = time.perf_counter()
+    times = []
     for _ in range(calls):
+        t0 = time.perf_counter()
         fn()
-    dt = time.perf_counter() - t0
+        times.append(time.perf_counter() - t0)
     torch.cuda.synchronize(device)
-    return dt / calls * 1e3
+    return statistics.median(times) * 1e3
 
 
 def int_list(text: str) -> list[int]:
