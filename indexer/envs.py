@@ -345,10 +345,11 @@ TOPK_GRAPH = _declare(
         "TOPK_GRAPH",
         _parse_bool,
         True,
-        "CUDA: a plan's Triton top-k chunks capture their four or five launches in a CUDA "
+        "NVIDIA: a plan's Triton top-k chunks capture their three to six launches in a CUDA "
         "graph at the first run with given logits and table addresses, and replay it on "
         "later runs with the same ones: one graph launch instead of several, less host time "
         "a layer (docs/topk.md). Off: every run launches each kernel.",
+        per_platform=True,
         type_name="bool",
     )
 )

@@ -42,6 +42,17 @@ def test_the_flag_never_graphs_off_cuda(monkeypatch):
         indexer.plan(torch.tensor([0]), torch.tensor([8]), num_keys=8, heads=2, head_dim=32, topk=4)
 
 
+def test_graphs_are_for_nvidia_only(monkeypatch):
+    monkeypatch.delenv("INDEXER_TOPK_GRAPH", raising=False)
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert topk_graphed(torch.device("cuda", 0))
+    monkeypatch.setattr(torch.version, "hip", "6.4")  # a ROCm build: never captured there
+    assert not topk_graphed(torch.device("cuda", 0))
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setenv("INDEXER_CUDA_TOPK_GRAPH", "0")
+    assert not topk_graphed(torch.device("cuda", 0))
+
+
 @pytest.mark.cuda
 def test_gpu_replay_gives_the_eager_sets_for_new_values():
     run, dev = _ragged()
@@ -58,6 +69,10 @@ def test_gpu_replay_gives_the_eager_sets_for_new_values():
         assert torch.equal(_sets(out), _sets(want)), dist
     # the first call ran eagerly and captured; every later one replayed
     assert (graphed.captures, graphed.replays, graphed.failed) == (1, 3, "")
+    # the same address in another layout is another placement: the eager path checks it
+    with pytest.raises(ValueError, match="out must be int32"):
+        graphed(logits, out.view(K, run.rows))
+    assert graphed.replays == 3
 
 
 @pytest.mark.cuda

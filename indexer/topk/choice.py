@@ -146,11 +146,14 @@ def prepare_topk(problem: Problem, chunks: Sequence, choice: str | None = None) 
 
 def topk_graphed(device: torch.device) -> bool:
     """Whether a plan's Triton top-k chunks replay their launches from CUDA graphs on
-    ``device`` (``INDEXER_TOPK_GRAPH``; CUDA devices only: :mod:`indexer.topk.graphed`)."""
+    ``device`` (``INDEXER_TOPK_GRAPH``; NVIDIA only, the platform it was tested on:
+    :mod:`indexer.topk.graphed`)."""
     from .. import envs
     from ..platform import platform_key
 
-    return device.type == "cuda" and bool(envs.resolve("TOPK_GRAPH", platform_key(device)).value)
+    # the flag is read (and so checked) on every platform
+    on = bool(envs.resolve("TOPK_GRAPH", platform_key(device)).value)
+    return on and device.type == "cuda" and torch.version.hip is None
 
 
 def bind_topk(chunks: Sequence) -> None:

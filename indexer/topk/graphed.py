@@ -1,17 +1,18 @@
 """A chunk's top-k launches replayed from a CUDA graph: one graph launch a call.
 
-The Triton top-k of a chunk is four or five kernel launches whose arguments, once the plan
+The Triton top-k of a chunk is three to six kernel launches whose arguments, once the plan
 has bound them, change only with the logits' and the table's addresses and row strides.
-Each launch costs the host 10-15 us (Triton's launcher and the driver), so the top-k is
-most of the host time of a layer's run (docs/benchmarks.md, "A forward step").
-:class:`GraphedTopk` captures those launches into a CUDA graph at the first call for a
-given (logits, out) placement and replays the graph on later calls with the same one.
+Together they took 56-99 us of an H200 host's time a chunk, about half of a layer's run
+(docs/benchmarks.md, "A forward step"). :class:`GraphedTopk` captures those launches into a
+CUDA graph at the first call for a given (logits, out) placement and replays the graph on
+later calls with the same one.
 
-What a graph binds: the logits' and the table's addresses and row strides (the key), and
-the plan's own tensors (row bounds, read in place, so ``update_bounds`` is seen; scratch).
-A call with another placement launches eagerly and captures a graph for it, up to
-:data:`MAX_GRAPHS` placements; past them it launches eagerly. Inside a caller's own capture
-it always launches eagerly (the caller's graph records the kernels).
+What a graph binds: the logits' and the table's addresses, shapes, strides and dtypes (the
+key: a replay runs no check), and the plan's own tensors (row bounds, read in place, so
+``update_bounds`` is seen; scratch). A call with another placement launches eagerly and
+captures a graph for it, up to :data:`MAX_GRAPHS` placements; past them it launches
+eagerly. Inside a caller's own capture it always launches eagerly (the caller's graph
+records the kernels).
 """
 
 from __future__ import annotations
@@ -29,17 +30,30 @@ log = logging.getLogger("indexer")
 #: repeat (DeepGEMM allocates its own), a few where they alternate
 MAX_GRAPHS = 4
 
-_streams: dict[int, torch.cuda.Stream] = {}
-_streams_lock = threading.Lock()
+_streams: dict[int, "torch.cuda.Stream"] = {}
+# one capture at a time in the process: the captures share a stream a device, and a stream
+# can hold one capture
+_capture_lock = threading.Lock()
 
 
 def _capture_stream(index: int) -> "torch.cuda.Stream":
     # a capture needs a stream of its own (not the legacy default one); one a device suffices
-    with _streams_lock:
-        s = _streams.get(index)
-        if s is None:
-            s = _streams[index] = torch.cuda.Stream(device=index)
-        return s
+    s = _streams.get(index)
+    if s is None:
+        s = _streams[index] = torch.cuda.Stream(device=index)
+    return s
+
+
+def _release(index: int, pool) -> None:
+    # a capture that failed to begin or to end leaves its private pool registered with the
+    # caching allocator (capture_end unregisters it only after a capture that ended): undo it
+    for name in ("_cuda_endAllocateToPool", "_cuda_releasePool"):
+        fn = getattr(torch._C, name, None)
+        if fn is not None:
+            try:
+                fn(index, pool)
+            except Exception:  # noqa: BLE001 - already released, or another torch: nothing left to undo
+                pass
 
 
 class GraphedTopk:
@@ -78,7 +92,10 @@ class GraphedTopk:
 
     def __call__(self, logits: torch.Tensor, out: torch.Tensor) -> None:
         """Fill ``out`` from ``logits`` as ``run`` does, on the current stream."""
-        key = (logits.data_ptr(), logits.stride(0), out.data_ptr(), out.stride(0))
+        # the placement and the layout: a replay runs no check, so a tensor of another shape,
+        # dtype or stride at the same address must miss (and take the eager, checked path)
+        key = (logits.data_ptr(), logits.shape, logits.stride(), logits.dtype,
+               out.data_ptr(), out.shape, out.stride(), out.dtype)
         graph = self._graphs.get(key)
         capturing = torch.cuda.is_current_stream_capturing()
         if graph is not None and not capturing:
@@ -92,16 +109,22 @@ class GraphedTopk:
         self._capture(key, logits, out)
 
     def _capture(self, key: tuple, logits: torch.Tensor, out: torch.Tensor) -> None:
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         graph = torch.cuda.CUDAGraph()
+        pool = torch.cuda.graph_pool_handle()
+        ended = False
         try:
-            with torch.cuda.stream(_capture_stream(self.device.index)):
+            with _capture_lock, torch.cuda.stream(_capture_stream(index)):
                 # thread_local: another thread's CUDA calls meanwhile do not break this capture
-                graph.capture_begin(capture_error_mode="thread_local")
+                graph.capture_begin(pool=pool, capture_error_mode="thread_local")
                 try:
                     self.run(logits, out)
                 finally:
                     graph.capture_end()
+                    ended = True
         except Exception as exc:  # noqa: BLE001 - any failure leaves the eager launches, which ran
+            if not ended:
+                _release(index, pool)
             self.failed = f"{type(exc).__name__}: {exc}"[:300]
             log.warning("indexer: the top-k's launches could not be captured in a CUDA graph (%s); "
                         "launching them eagerly", self.failed)
