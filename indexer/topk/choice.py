@@ -108,7 +108,7 @@ def prepare_topk(problem: Problem, chunks: Sequence, choice: str | None = None) 
     torch.topk or, where the choice (:func:`topk_choice`; ``choice`` overrides) is
     ``triton``, the native row kernel for chunks no wider than :func:`native_max_keys` whose
     rows fit its budget (:func:`indexer.topk.cuda.native_fits`) and the Triton kernel for the
-    rest; on CUDA a Triton chunk's launches are replayed from CUDA graphs
+    rest; on NVIDIA a Triton chunk's launches are replayed from CUDA graphs
     (:class:`~indexer.topk.graphed.GraphedTopk`, ``INDEXER_TOPK_GRAPH``).
     ``state["topk_kind"]`` names it (``torch``, ``triton``, ``triton (graphed)``,
     ``native``) and ``state["topk_note"]`` says why a native kernel that was asked for by
@@ -150,10 +150,10 @@ def topk_graphed(device: torch.device) -> bool:
     :mod:`indexer.topk.graphed`)."""
     from .. import envs
     from ..platform import platform_key
+    from .triton.config import is_nvidia
 
     # the flag is read (and so checked) on every platform
-    on = bool(envs.resolve("TOPK_GRAPH", platform_key(device)).value)
-    return on and device.type == "cuda" and torch.version.hip is None
+    return bool(envs.resolve("TOPK_GRAPH", platform_key(device)).value) and is_nvidia(device)
 
 
 def bind_topk(chunks: Sequence) -> None:

@@ -25,7 +25,7 @@ import torch
 
 log = logging.getLogger("indexer")
 
-#: placements (logits and table addresses, row strides) a chunk keeps a graph for: the
+#: placements (the logits' and the table's addresses and layouts) a chunk keeps a graph for: the
 #: logits of a chunk land at one address layer after layer where the same allocations
 #: repeat (DeepGEMM allocates its own), a few where they alternate
 MAX_GRAPHS = 4
