@@ -197,6 +197,27 @@ def test_kernel_writes_the_model_s_table_where_a_bin_is_one_value(n, dev):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("n", [8192, 16384, 32768])
+def test_kernel_writes_the_model_s_table_over_many_rows_of_unaligned_windows(n, dev):
+    # more rows than the blocks resident on the GPU, so that blocks take several rows; windows
+    # at every alignment (a row-strided view one column in, odd strides and starts), short
+    # rows between long ones
+    k = 2048
+    rows = 5 * torch.cuda.get_device_properties(dev).multi_processor_count + 3
+    for dist in ("gaussian", "few_distinct", "ascending"):
+        block = logits_like(dist, rows, n + 3, dev, seed=rows)
+        logits = block[:, 1:n + 1]
+        starts, lengths = _windows(rows, n, k, seed=n)
+        lengths[8::5] = torch.randint(0, k + 1, lengths[8::5].shape)
+        starts = torch.minimum(starts, n - lengths)
+        run = NativeRowTopk(dev, rows, n, starts.to(dev), lengths.to(dev), k)
+        out = torch.full((rows, k), -9, dtype=torch.int32, device=dev)
+        run(logits, out)
+        want = native_table(logits.cpu(), starts, lengths, k, threads=run.threads)
+        assert torch.equal(out.cpu(), want), dist
+
+
+@pytest.mark.cuda
 def test_kernel_replays_in_a_cuda_graph_and_reads_refreshed_bounds(dev):
     n, k, rows = 16384, 2048, 64
     logits = logits_like("gaussian", rows, n, dev)
