@@ -199,9 +199,9 @@ def test_kernel_writes_the_model_s_table_where_a_bin_is_one_value(n, dev):
 @pytest.mark.cuda
 @pytest.mark.parametrize("n", [8192, 16384, 32768])
 def test_kernel_writes_the_model_s_table_over_many_rows_of_unaligned_windows(n, dev):
-    # more rows than the blocks resident on the GPU, so that blocks take several rows; windows
-    # at every alignment (a row-strided view one column in, odd strides and starts), short
-    # rows between long ones
+    # more rows than the GPU holds blocks at once (several waves of blocks); windows at every
+    # alignment (a row-strided view one column in, odd strides and starts), short rows
+    # between long ones
     k = 2048
     rows = 5 * torch.cuda.get_device_properties(dev).multi_processor_count + 3
     for dist in ("gaussian", "few_distinct", "ascending"):
