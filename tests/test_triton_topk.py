@@ -232,6 +232,54 @@ def test_candidate_overflow_falls_back_to_the_plain_select(slices):
     assert stats[TC.STAT_PLAIN] == 2, stats
 
 
+@pytest.mark.parametrize("values", ["normal", "few", "mostly_-inf"])
+@pytest.mark.parametrize("split_run", [0, 32, 128])
+def test_split_rows_take_slots_in_runs_and_mark_the_unused_ones(split_run, values):
+    # a split row's programs (warps, on NVIDIA) take slots of the row's one list in runs; the
+    # slots a run leaves unused are marked empty (column -1), counted apart from the keys
+    # listed, and skipped by the select: the torch set, every other slot a key of the row.
+    # mostly_-inf: the k-th key is -inf, tied, as an empty slot's value (the lowest columns
+    # win the tie, and an empty slot's must not)
+    rows, n, topk, slices = 4, 6000, 24, 4
+    logits, masked, starts, lengths = _case(rows, n, topk, seed=31, quantize=2.0 if values == "few" else None,
+                                            min_length=5000)
+    if values == "mostly_-inf":
+        keep = torch.zeros(n, dtype=torch.bool)
+        keep[torch.randperm(n, generator=torch.Generator().manual_seed(4))[:topk // 2]] = True
+        logits = torch.where(keep.to(logits.device), logits, float("-inf"))
+        masked = torch.where(keep, masked, float("-inf"))
+    dev = torch.device(DEVICE)
+    run = T.RaggedTopk(dev, rows, n, starts.to(dev), lengths.to(dev), topk,
+                       config=_cfg(cap=1024, slices=slices, split_run=split_run, **SMALL_SAMPLE))
+    got = torch.empty(rows, topk, dtype=torch.int32, device=dev)
+    run(logits, got)
+    want = torch.empty(rows, topk, dtype=torch.int32)
+    row_topk(masked, starts, lengths, topk, want)
+    assert torch.equal(got.cpu().sort(1).values, want.sort(1).values)
+    counts = run.cand32[run.counts.offset:].cpu()
+    lists = run.buf[:rows * 1024].view(rows, 1024).cpu()
+    holes = []
+    for r in range(2, rows):  # rows 0 and 1 are at most k keys long
+        taken, listed = int(counts[2 * r]), int(counts[2 * r + 1])
+        assert topk <= listed <= taken <= 1024, (r, taken, listed)
+        slot = lists[r, :taken]
+        col, bits = slot >> 32, (slot & 0xFFFFFFFF).to(torch.int32)
+        empty = col == -1
+        holes.append(int(empty.sum()))
+        assert holes[-1] == taken - listed
+        # every other slot a distinct column of the row's window with its value
+        col = col[~empty]
+        assert col.unique().numel() == listed and (col >= 0).all() and (col < int(lengths[r])).all()
+        value = logits[r].cpu()[int(starts[r]) + col]
+        assert torch.equal(bits[~empty].view(torch.float32), value)
+    if split_run == 0:
+        assert holes == [0] * (rows - 2)
+    else:
+        # at most a run's rest for each warp of each slice (and each program's masked steps)
+        bound = slices * (run.config.num_warps + 1) * (split_run - 1)
+        assert all(h <= bound for h in holes) and (split_run < 128 or sum(holes) > 0), holes
+
+
 @pytest.mark.parametrize("slices", [1, 4])
 def test_a_tie_larger_than_the_scratch_keeps_the_sampled_path(slices):
     # a tie at the threshold with ten times the scratch's keys (zeros, and 5 larger keys):
@@ -890,7 +938,8 @@ def test_sample_kernel_tile_holds_the_filters_sample(slices):
         tcol = torch.zeros(len(lens), dtype=torch.int32, device=DEVICE)
         # the counters it zeroes for the later launches, garbage before (ctl[5:] are the
         # queues, written before they are read, and must be left alone; cnt only for split rows)
-        cnt = torch.full((2 * len(lens),), 9, dtype=torch.int32, device=DEVICE)  # list, slices done
+        # (split rows: list counter and keys listed a row, then slices done)
+        cnt = torch.full((3 * len(lens),), 9, dtype=torch.int32, device=DEVICE)
         wpos = torch.full((len(lens),), 77, dtype=torch.int32, device=DEVICE)
         ctl = torch.full((8,), -5, dtype=torch.int32, device=DEVICE)
         thr2 = torch.zeros(2 * len(lens), dtype=torch.int32, device=DEVICE)

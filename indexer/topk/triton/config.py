@@ -46,6 +46,8 @@ SECOND_PROGRAMS_PER_SM = 2
 #: Split rows (``slices``): at most this many programs a row, each filtering at least
 #: ``SLICE_MIN`` keys of it.
 MAX_SLICES, SLICE_MIN = 64, 16384
+#: Slots a filter warp takes from a split row's list counter at a time (``split_run``).
+SPLIT_RUN = 64
 #: Counters of :func:`ragged_topk`'s ``stats``: rows listed whole (at most k keys), rows
 #: selected from sampled candidates, rows that took the plain radix select, rows selected
 #: on the row itself (longer than k, within the select tile); these four count each row
@@ -140,6 +142,13 @@ class TopkConfig:
         slices: Programs filtering each row (a power of two up to :data:`MAX_SLICES`), for
             few long rows (implies ``presample``, excludes ``fused``). ``None``:
             :func:`auto_slices`.
+        split_run: Slots of a split row's one list that a filter warp takes from the row's
+            counter at a time (0 or a power of two up to 128): a warp places its keys in its
+            run and waits on the counter's atomic add only when they do not fit what is left
+            (a new run: the keys left over or ``split_run`` slots, whichever is more). Slots
+            a warp leaves unused in its last run are marked empty and skipped by the select
+            (at most ``split_run - 1`` a warp, out of ``cap``). ``0``: one atomic add a warp
+            for each block with keys to place, no empty slots.
         radix_bits: Bits of the key resolved per pass of the fallback path (1, 2, 4 or 8).
         pieces, piece, sparse, sigmas: The sample: runs of ``piece`` keys, one key in
             ``sparse`` sampled, at most ``pieces`` runs in the filter kernel's own sample, its
@@ -243,6 +252,7 @@ class TopkConfig:
     ballot: bool | None = None
     cap: int | None = None
     slices: int | None = None
+    split_run: int = SPLIT_RUN
     radix_bits: int = RADIX_BITS
     pieces: int = PIECES
     piece: int = PIECE
@@ -321,6 +331,8 @@ class TopkConfig:
             raise ValueError(f"fallback_items must be an int >= 0, got {self.fallback_items!r}")
         if self.slices is not None and not (_int(self.slices) and _pow2(self.slices) and self.slices <= MAX_SLICES):
             raise ValueError(f"slices must be None or a power of two in 1-{MAX_SLICES}, got {self.slices!r}")
+        if not (_int(self.split_run) and (self.split_run == 0 or _pow2(self.split_run)) and self.split_run <= 128):
+            raise ValueError(f"split_run must be 0 or a power of two of at most 128, got {self.split_run!r}")
         if self.fused and self.slices is not None and self.slices > 1:
             raise ValueError("fused=True needs slices=1 (a split row's select cannot run in one filter program)")
         if self.radix_bits not in (1, 2, 4, 8) or not _int(self.radix_bits):
@@ -654,7 +666,7 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
         DYNAMIC=bool(c.dynamic), FUSED=bool(fused), STW=tile // num_warps, CH=fused_ch, PRESAMPLE=presample,
         WB=fused_wb, num_warps=num_warps, **dict(common, W=num_warps), CAP=cap, SL=slices, RETRY=False,
         SECOND=second, RETRIES=bool(count_retries), JITTER=c.sample_jitter, DEAL=c.filter_deal, RETRY_FROM=retry_from,
-        HIST=seed, **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
+        HIST=seed, RUN=c.split_run if slices > 1 else 0, **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
     sample_kw = None
     if presample:
         # up to 16 warps, 32 keys a thread at SAMPLE_MAX
@@ -666,7 +678,7 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
     retry_kw = LaunchKw(filter_kw, RETRY=True, DYNAMIC=False) if slices > 1 else None
     selects = select_launches(common, tile, cap, c.select_warps, fused, c.tile_write, c.select_maxnreg,
                                c.ballot_write, c.fallback_split if fallback_kw is not None else 0,
-                               fallback_kw["BUF"] if seed else None, bool(count_seeded))
+                               fallback_kw["BUF"] if seed else None, bool(count_seeded), slices > 1)
     return LaunchPlan(c.programs_per_sm, num_warps, cap, sample_kw, filter_kw, retry_kw, selects, fallback_kw, None)
 
 
@@ -744,7 +756,8 @@ def select_constexprs(topk: int, lists: int, cap: int, whole: int, block: int, r
 
 def select_launches(common: dict, tile: int, cap: int, select_warps: int, fused: bool = False,
                      tile_write: bool = False, select_maxnreg: int | None = None, ballot_write: bool = False,
-                     fallback_split: int = 0, seed_buffer: int | None = None, count_seeded: bool = False) -> tuple:
+                     fallback_split: int = 0, seed_buffer: int | None = None, count_seeded: bool = False,
+                     split: bool = False) -> tuple:
     """The select kernel's launches as ``((first, keywords), ...)``: the first (unless fused
     into the filter) with tiles of ``tile`` slots; then the rows whose lists did not fit,
     with tiles of ``cap`` (and, fused, the fallback path's), unless the first tile holds them.
@@ -753,7 +766,8 @@ def select_launches(common: dict, tile: int, cap: int, select_warps: int, fused:
     launch queues the fallback rows of at least that many keys for the split fallback's
     launch (:func:`fallback_launch`) instead of selecting them; with ``seed_buffer`` (its
     buffer's keys), those whose lists overflowed start from the filter's histogram
-    (``fallback_seed``; ``count_seeded``: counted in ``stats[STAT_SEEDED]``)."""
+    (``fallback_seed``; ``count_seeded``: counted in ``stats[STAT_SEEDED]``). ``split``: the
+    rows were split across filter programs (one list a row with empty slots, its count apart)."""
     lists = common["W"]
     selects = []
     for first, slots in ((True, tile), (False, cap)):
@@ -764,5 +778,5 @@ def select_launches(common: dict, tile: int, cap: int, select_warps: int, fused:
         selects.append((first, LaunchKw(
             STW=slots // lists, CH=ch, FIRST=first, num_warps=warps, WB=wb, PSPLIT=fallback_split if first else 0,
             SEED=first and seed_buffer is not None, SBUF=seed_buffer or 0, SEEDSTAT=first and count_seeded,
-            **common, **(dict(maxnreg=select_maxnreg) if first and select_maxnreg else {}))))
+            SPLIT=split, **common, **(dict(maxnreg=select_maxnreg) if first and select_maxnreg else {}))))
     return tuple(selects)

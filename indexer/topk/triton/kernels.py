@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from .config import FALLBACK_STATE, SEARCH_BISECT_AFTER, SEARCH_SPAN
 from .launch import Launcher
-from .ptx import (SEED_BINS, SEED_SHIFT, _WARP_PAIR_STORE_PTX, _WARP_RANKS_PTX, _WARP_STORE_PTX, _shared_append_ptx,
-                  _warp_append_ptx, _warp_histogram_ptx)
+from .ptx import (HOLE_BITS, HOLE_COLUMN, SEED_BINS, SEED_SHIFT, _SHARED_CLOSE_PTX, _WARP_PAIR_STORE_PTX,
+                  _WARP_RANKS_PTX, _WARP_STORE_PTX, _shared_append_ptx, _warp_append_ptx, _warp_histogram_ptx)
 
 try:
     import triton
@@ -32,6 +32,11 @@ if triton is not None:
     _WARP_APPEND_CUT_HIST_ASM = tl.constexpr(_warp_append_ptx(True, True))
     _SHARED_APPEND_HIST_ASM = tl.constexpr(_shared_append_ptx(False, True))
     _SHARED_APPEND_CUT_HIST_ASM = tl.constexpr(_shared_append_ptx(True, True))
+    _SHARED_CLOSE_ASM = tl.constexpr(_SHARED_CLOSE_PTX)
+    # a reserved slot of a split row's list left empty (ptx.HOLE_BITS, HOLE_COLUMN), as one int64
+    _HOLE = tl.constexpr((HOLE_COLUMN << 32) | (HOLE_BITS & 0xFFFFFFFF))
+    # its value's key (_skey of a negative float: its bits with the low 31 flipped)
+    _HOLE_KEY = tl.constexpr(HOLE_BITS ^ 0x7FFFFFFF)
     _SEED_SHIFT = tl.constexpr(SEED_SHIFT)
     _SEED_BINS = tl.constexpr(SEED_BINS)
     # a key's block (its unsigned form's top 32 - SEED_SHIFT bits) and their mask on a key
@@ -171,30 +176,77 @@ if triton is not None:
                 [v, c, length, lists, t, room], dtype=tl.int32, is_pure=False, pack=4)
 
     @triton.jit
-    def _shared_append(v, c, t, tcol, ctr, lists, room, hist, CUT: tl.constexpr, HIST: tl.constexpr):
+    def _shared_append(v, c, t, tcol, ctr, lists, room, hist, state, run, CUT: tl.constexpr, HIST: tl.constexpr):
         """:func:`_warp_append` into one list a row shared by several programs (a long row
-        split into slices): slots from the row's counter ``ctr`` (one atomic add a warp with
-        keys to place), in no particular order. NVIDIA only (inline PTX)."""
+        split into slices), in no particular order: slots of the warp's run of the list, a new
+        run (at least ``run`` slots) taken from the row's counter ``ctr`` by one atomic add
+        when a block's keys do not fit what is left (:func:`~.ptx._shared_append_ptx`).
+        ``state`` (each thread's four elements: the run's next slot and end, the warp's keys
+        listed, unused; zeros at first) comes back updated; :func:`_shared_close` ends it.
+        NVIDIA only (inline PTX)."""
+        rn = run + tl.zeros(v.shape, tl.int32)
         if HIST:
             if CUT:
                 return tl.inline_asm_elementwise(
                     _SHARED_APPEND_CUT_HIST_ASM,
-                    "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l",
-                    [v, c, ctr, lists, t, room, tcol + tl.zeros(v.shape, tl.int32), hist], dtype=tl.int32,
-                    is_pure=False, pack=4)
+                    "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l",
+                    [v, c, ctr, lists, t, room, tcol + tl.zeros(v.shape, tl.int32), state, rn, hist],
+                    dtype=tl.int32, is_pure=False, pack=4)
             else:
                 return tl.inline_asm_elementwise(
-                    _SHARED_APPEND_HIST_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,l,l,l,l",
-                    [v, c, ctr, lists, t, room, hist], dtype=tl.int32, is_pure=False, pack=4)
+                    _SHARED_APPEND_HIST_ASM,
+                    "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,l,l,l,l",
+                    [v, c, ctr, lists, t, room, state, rn, hist], dtype=tl.int32, is_pure=False, pack=4)
         elif CUT:
             return tl.inline_asm_elementwise(
-                _SHARED_APPEND_CUT_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
-                [v, c, ctr, lists, t, room, tcol + tl.zeros(v.shape, tl.int32)], dtype=tl.int32, is_pure=False,
-                pack=4)
+                _SHARED_APPEND_CUT_ASM,
+                "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r",
+                [v, c, ctr, lists, t, room, tcol + tl.zeros(v.shape, tl.int32), state, rn], dtype=tl.int32,
+                is_pure=False, pack=4)
         else:
             return tl.inline_asm_elementwise(
-                _SHARED_APPEND_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r",
-                [v, c, ctr, lists, t, room], dtype=tl.int32, is_pure=False, pack=4)
+                _SHARED_APPEND_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r",
+                [v, c, ctr, lists, t, room, state, rn], dtype=tl.int32, is_pure=False, pack=4)
+
+    @triton.jit
+    def _shared_close(state, ctr, lists, room):
+        """The end of a warp's runs (:func:`_shared_append`): the slots left in its last run
+        marked empty (column -1) and its keys listed added to the row's count at ``ctr + 1``.
+        NVIDIA only (inline PTX)."""
+        tl.inline_asm_elementwise(_SHARED_CLOSE_ASM, "=r,=r,=r,=r,r,r,r,r,l,l,l,l,l,l,l,l,r,r,r,r",
+                                  [state, ctr, lists, room], dtype=tl.int32, is_pure=False, pack=4)
+
+    @triton.jit
+    def _take_run(ctr, pos, end, tot, RUN: tl.constexpr):
+        """Slots for ``tot`` keys of a block in a program's run ``[pos, end)`` of a split row's
+        list (the plain Triton form of :func:`_shared_append`'s, one run a program): where
+        they do not fit, a new run of ``max(RUN, keys left over)`` slots from the row's
+        counter ``ctr``, the first keys filling the old run's rest. Returns ``(rem, low,
+        high, pos, end)``: the key of block rank ``q`` goes to slot ``q + (low if q < rem
+        else high)``; the run's new next slot and end."""
+        rem = end - pos
+        need = tot - rem
+        low = pos
+        high = pos
+        if need > 0:
+            r = tl.maximum(need, RUN)
+            nb = tl.atomic_add(ctr, r)
+            high = nb - rem
+            pos = nb + need
+            end = nb + r
+        else:
+            pos = pos + tot
+        return rem, low, high, pos, end
+
+    @triton.jit
+    def _close_run(cand, ctr, pos, end, got, room, RUN: tl.constexpr):
+        # a program's run ended (_take_run): its slots left marked empty, its keys listed
+        # added to the row's count at ctr + 1
+        if RUN > 0:
+            s = pos + tl.arange(0, RUN)
+            tl.store(cand + s, tl.full((RUN,), _HOLE, tl.int64), mask=(s < end) & (s < room))
+        if got > 0:
+            tl.atomic_add(ctr + 1, got)
 
     @triton.jit
     def _key_block(key):
@@ -537,18 +589,22 @@ if triton is not None:
         return ~(v < tf) & ~((v == tf) & (c > tcol))
 
     @triton.jit
-    def _filter_block(v, c, hi, tf, tcol, lists, acc, ctr, hist, origin, WCAP: tl.constexpr, BALLOT: tl.constexpr,
-                      MASKED: tl.constexpr, SHARED: tl.constexpr, CUT: tl.constexpr, HIST: tl.constexpr):
+    def _filter_block(v, c, hi, tf, tcol, lists, acc, ctr, hist, origin, rpos, rend, got, WCAP: tl.constexpr,
+                      BALLOT: tl.constexpr, MASKED: tl.constexpr, SHARED: tl.constexpr, CUT: tl.constexpr,
+                      HIST: tl.constexpr, RUN: tl.constexpr):
         """One block of a filtering pass: its keys ``v`` (columns ``c``) at or above ``tf``
         (a threshold key's float; with ``CUT``, those equal to it only at columns up to
         ``tcol``) appended to their list after the ``acc`` already there; returns the new
-        ``acc``. ``BALLOT``: 1-D block, ``acc`` each element's warp's list length; else
-        ``[W, BW]`` block, ``acc`` the ``[W]`` lengths. ``SHARED``: one list a row at
-        ``lists`` for every program of the row, slots from the counter ``ctr`` (``acc``
-        unused). Without ``MASKED`` every column is below ``hi``. ``HIST``: a key with no room
-        left in its list adds 1 to its bin of the row's histogram ``hist`` (:func:`_seed_bin`
-        from the threshold's key block ``origin``), so that the split fallback can start from
-        the bits it gives (``fallback_seed``)."""
+        ``(acc, rpos, rend, got)``. ``BALLOT``: 1-D block, ``acc`` each element's warp's
+        list length; else ``[W, BW]`` block, ``acc`` the ``[W]`` lengths. ``SHARED``: one
+        list a row at ``lists`` for every program of the row, slots from its counter ``ctr``
+        in runs of at least ``RUN``: with ``BALLOT`` and not ``MASKED`` a run a warp, its
+        state in ``acc`` (:func:`_shared_append`); otherwise a run a program, ``[rpos,
+        rend)``, and ``got`` keys listed (:func:`_take_run`). Without ``MASKED`` every column
+        is below ``hi``. ``HIST``: a key with no room left in its list adds 1 to its bin of
+        the row's histogram ``hist`` (:func:`_seed_bin` from the threshold's key block
+        ``origin``), so that the split fallback can start from the bits it gives
+        (``fallback_seed``)."""
         if BALLOT and not MASKED:
             # (floats travel as their bits: the PTX compares them as f32)
             vb = v.to(tl.int32, bitcast=True)
@@ -556,10 +612,11 @@ if triton is not None:
             room = tl.full(v.shape, WCAP, tl.int32)
             hp = hist + tl.zeros(v.shape, tl.int32)
             if SHARED:
-                _shared_append(vb, c, tb, tcol, ctr + tl.zeros(v.shape, tl.int32), lists, room, hp, CUT, HIST)
-                return acc
+                acc = _shared_append(vb, c, tb, tcol, ctr + tl.zeros(v.shape, tl.int32), lists, room, hp, acc, RUN,
+                                     CUT, HIST)
+                return acc, rpos, rend, got
             else:
-                return _warp_append(vb, c, tb, tcol, acc, lists, room, hp, CUT, HIST)
+                return _warp_append(vb, c, tb, tcol, acc, lists, room, hp, CUT, HIST), rpos, rend, got
         if CUT:
             sel = _at_or_above(v, c, tf, tcol)
         else:
@@ -568,7 +625,8 @@ if triton is not None:
             sel = sel & (c < hi)
         s32 = sel.to(tl.int32)
         if SHARED:
-            # slots in the row's list: one atomic add a block, positions by a scan
+            # slots in the row's list: ranks by a scan, a run's slots (an atomic add only
+            # when they run out)
             if BALLOT:
                 pos = tl.cumsum(s32, axis=0) - 1
                 tot = tl.sum(s32, axis=0)
@@ -576,11 +634,12 @@ if triton is not None:
                 rs = tl.sum(s32, axis=1)
                 pos = (tl.cumsum(rs, axis=0) - rs)[:, None] + tl.cumsum(s32, axis=1) - 1
                 tot = tl.sum(rs, axis=0)
-            first = tl.atomic_add(ctr, tot)
-            pos += first
+            rem, low, high, rpos, rend = _take_run(ctr, rpos, rend, tot, RUN)
+            pos += tl.where(pos < rem, low, high)
+            got += tot
             if HIST:
-                # (a uniform test: only a block running past the room counts keys)
-                if first + tot > WCAP:
+                # (a uniform test: only a block whose slots run past the room counts keys)
+                if rpos > WCAP:
                     _count_left_out(hist, v, origin, sel & (pos >= WCAP))
         elif BALLOT:
             rank, cnt = _warp_ranks(s32)
@@ -596,18 +655,20 @@ if triton is not None:
                 if tl.max(acc, axis=0) > WCAP:
                     _count_left_out(hist, v, origin, sel & (pos >= WCAP))
         tl.store(lists + pos, _pack(c, v), mask=sel & (pos < WCAP))
-        return acc
+        return acc, rpos, rend, got
 
     @triton.jit
     def _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, hist, W: tl.constexpr, BW: tl.constexpr,
                      WCAP: tl.constexpr, BALLOT: tl.constexpr, DEPTH: tl.constexpr, SHARED: tl.constexpr,
-                     CUT: tl.constexpr, DEAL: tl.constexpr, HIST: tl.constexpr):
+                     CUT: tl.constexpr, DEAL: tl.constexpr, HIST: tl.constexpr, RUN: tl.constexpr):
         """One pass over the columns ``[lo, hi)`` of a row: every key at or above the
         threshold ``(t, tcol)`` (:func:`_sample_cut`; ``tcol`` read only with ``CUT``) into a
         list, value bits in the low word, column in the high one. Per-warp lists (``cand + w
         * WCAP``, lengths to ``cnt_row[0:W]``, counting on past ``WCAP``: then the list
-        overflowed; returns their sum) or, ``SHARED``, the row's one list at ``cand`` with
-        its counter ``cnt_row`` (returns 0). ``DEPTH`` blocks of ``W * BW`` keys are in
+        overflowed; returns their sum) or, ``SHARED``, the row's one list at ``cand``: its
+        slots taken from the counter ``cnt_row[0]`` in runs of at least ``RUN`` (it counts
+        on past ``WCAP``: then the list overflowed; a run's slots left unused are marked
+        empty, column -1), the keys listed added to ``cnt_row[1]`` (returns 0). ``DEPTH`` blocks of ``W * BW`` keys are in
         flight (1-3): each SM needs enough bytes on their way to cover the memory latency.
         The blocks whose loads all fall inside the range go unmasked (no bound checks or
         fill values: fewer instructions and registers a block); the last few take the
@@ -640,21 +701,30 @@ if triton is not None:
         ahead, ahead2, ahead3 = _prime_ahead(base, lo, off, hi, STEP, DEPTH, GROUP, W, DEALT)
         # blocks before `unmasked_end` are whole and so are those DEPTH past them
         unmasked_end = lo + ((hi - lo) // STEP - DEPTH) * STEP
+        # a split row's run of slots a program (the plain steps'): next slot, end, keys listed
+        rpos = tl.full((), 0, tl.int32)
+        rend = tl.full((), 0, tl.int32)
+        got = tl.full((), 0, tl.int32)
         for c0 in range(lo, unmasked_end, STEP):
             c = _block_cols(c0, off, STEP, GROUP, W, DEALT)
             # the next blocks' loads go out before this block's stores
             v, ahead, ahead2, ahead3 = _shift_ahead(base, c0, off, hi, ahead, ahead2, ahead3, STEP, DEPTH, False,
                                                     GROUP, W, DEALT)
-            acc = _filter_block(v, c, hi, tf, tcol, lists, acc, cnt_row, hist, origin, WCAP, BALLOT, False, SHARED, CUT,
-                                HIST)
+            acc, rpos, rend, got = _filter_block(v, c, hi, tf, tcol, lists, acc, cnt_row, hist, origin, rpos, rend,
+                                                 got, WCAP, BALLOT, False, SHARED, CUT, HIST, RUN)
+        if SHARED and BALLOT:
+            # the warps' runs (acc) end here; the masked blocks take a run of the program's
+            _shared_close(acc, cnt_row + tl.zeros((STEP,), tl.int32), lists, tl.full((STEP,), WCAP, tl.int32))
         for c0 in range(tl.maximum(unmasked_end, lo), hi, STEP):
             c = _block_cols(c0, off, STEP, GROUP, W, DEALT)
             v, ahead, ahead2, ahead3 = _shift_ahead(base, c0, off, hi, ahead, ahead2, ahead3, STEP, DEPTH, True,
                                                     GROUP, W, DEALT)
-            acc = _filter_block(v, c, hi, tf, tcol, lists, acc, cnt_row, hist, origin, WCAP, BALLOT, True, SHARED, CUT,
-                                HIST)
+            acc, rpos, rend, got = _filter_block(v, c, hi, tf, tcol, lists, acc, cnt_row, hist, origin, rpos, rend,
+                                                 got, WCAP, BALLOT, True, SHARED, CUT, HIST, RUN)
         total = tl.full((), 0, tl.int32)
-        if not SHARED:
+        if SHARED:
+            _close_run(cand, cnt_row, rpos, rend, got, WCAP, RUN)
+        else:
             tl.store(cnt_row + wid, acc)  # all of a warp's elements agree
             # the counts were written by other threads of this program; and every thread has
             # read them before any starts a retry's pass, which rewrites them
@@ -666,14 +736,14 @@ if triton is not None:
     @triton.jit
     def _filter_range(base, lo, hi, cand, cnt_row, t, tcol, hist, W: tl.constexpr, BW: tl.constexpr,
                       WCAP: tl.constexpr, BALLOT: tl.constexpr, DEPTH: tl.constexpr, SHARED: tl.constexpr,
-                      DEAL: tl.constexpr, HIST: tl.constexpr):
+                      DEAL: tl.constexpr, HIST: tl.constexpr, RUN: tl.constexpr = 0):
         # the column cut costs instructions a key: only rows whose threshold has one pay them
         if tcol == 2147483647:
             total = _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, hist, W, BW, WCAP, BALLOT, DEPTH, SHARED, False,
-                                 DEAL, HIST)
+                                 DEAL, HIST, RUN)
         else:
             total = _filter_pass(base, lo, hi, cand, cnt_row, t, tcol, hist, W, BW, WCAP, BALLOT, DEPTH, SHARED, True,
-                                 DEAL, HIST)
+                                 DEAL, HIST, RUN)
         return total
 
     @triton.jit
@@ -681,10 +751,10 @@ if triton is not None:
                    HIST: tl.constexpr):
         """Columns ``[lo, hi)`` of a row: the keys at or above the threshold ``(t_lo, tc_lo)``
         and below ``(t_hi, tc_hi)`` appended to the row's one list ``cand`` (slots from its
-        counter ``ctr``, counting on past ``WCAP``; with ``HIST`` the keys past it to the
-        row's histogram ``hist`` in bins from ``t_hi``'s, as the first pass's: all in the
-        first bin). The retry of a split row, rare: plain Triton, an atomic add a block with
-        keys to place."""
+        counter ``ctr``, counting on past ``WCAP``; the keys listed added to ``ctr + 1``;
+        with ``HIST`` the keys past it to the row's histogram ``hist`` in bins from
+        ``t_hi``'s, as the first pass's: all in the first bin). The retry of a split row,
+        rare: plain Triton, an atomic add a block with keys to place, and no runs."""
         origin = _key_block(t_hi)
         tf_lo = _key_float(t_lo)
         tf_hi = _key_float(t_hi)
@@ -697,6 +767,7 @@ if triton is not None:
             tot = tl.sum(s32, axis=0)
             if tot > 0:
                 pos = tl.atomic_add(ctr, tot) + tl.cumsum(s32, axis=0) - 1
+                tl.atomic_add(ctr + 1, tot)
                 tl.store(cand + pos, _pack(c, v), mask=sel & (pos < WCAP))
                 if HIST:
                     _count_left_out(hist, v, origin, sel & (pos >= WCAP))
@@ -738,6 +809,7 @@ if triton is not None:
         DEAL: tl.constexpr = False,
         RETRY_FROM: tl.constexpr = 0,
         HIST: tl.constexpr = False,
+        RUN: tl.constexpr = 0,
     ):
         """Rows longer than ``WHOLE`` (and at least ``sample_min``): the threshold
         ``(thr[row], tcol[row])`` (:func:`_sample_cut`) and the keys at or above it in lists
@@ -746,8 +818,10 @@ if triton is not None:
         warp, ``cnt[row, w]`` keys in list ``w`` (it counts on past ``WCAP``: then the list
         overflowed). With ``SL > 1`` a row is ``SL`` slices of whole blocks, each a program's
         (so that a few long rows still keep every SM streaming), all appending to the row's
-        one list by the counter ``cnt[row]`` (zeroed by the sample kernel); the thresholds
-        then come from the sample kernel and there is no retry here. ``FUSED`` (``SL == 1``):
+        one list: slots from the counter ``cnt[2 * row]`` in runs of at least ``RUN`` a warp
+        (:func:`_shared_append`; slots a run leaves unused are marked empty), the keys
+        listed counted in ``cnt[2 * row + 1]`` (both zeroed by the sample kernel); the
+        thresholds then come from the sample kernel and there is no retry here. ``FUSED`` (``SL == 1``):
         the same program then selects the row's top k (:func:`_select_row`, first launch),
         so that one program's counting steps overlap the other programs' streaming on the
         SM. ``DYNAMIC``: a program takes its next row (or slice) from the counter ``ctl[0]``
@@ -823,21 +897,23 @@ if triton is not None:
                     per = (length + SL * STEP - 1) // (SL * STEP) * STEP
                     lo = (unit % SL) * per
                     hi = tl.minimum(lo + per, length)
-                    # cnt[rows + row]: the row's slices done; the last to finish marks a row
-                    # that needs the retry (SL + 1), so that the retry launch decides on the
-                    # first pass's count, which its own appends then change
-                    done = cnt_ptr + rows + row
+                    # cnt[2 * rows + row]: the row's slices done; the last to finish marks a
+                    # row that needs the retry (SL + 1), so that the retry launch decides on
+                    # the first pass's count, which its own appends then change
+                    done = cnt_ptr + 2 * rows + row
+                    ctr = cnt_ptr + 2 * row
                     if RETRY:
                         if (lo < hi) & (tl.load(done) > SL):
-                            _band_pass(base, lo, hi, cand, cnt_ptr + row, tl.load(thr2_ptr + row),
-                                       tl.load(thr2_ptr + rows + row), tl.load(thr_ptr + row), tl.load(tcol_ptr + row),
-                                       hist, WCAP, STEP, HIST)
+                            _band_pass(base, lo, hi, cand, ctr, tl.load(thr2_ptr + row), tl.load(thr2_ptr + rows + row),
+                                       tl.load(thr_ptr + row), tl.load(tcol_ptr + row), hist, WCAP, STEP, HIST)
                     else:
                         if lo < hi:
-                            _filter_range(base, lo, hi, cand, cnt_ptr + row, tl.load(thr_ptr + row),
-                                          tl.load(tcol_ptr + row), hist, W, BW, WCAP, BALLOT, DEPTH, True, False, HIST)
+                            _filter_range(base, lo, hi, cand, ctr, tl.load(thr_ptr + row), tl.load(tcol_ptr + row),
+                                          hist, W, BW, WCAP, BALLOT, DEPTH, True, False, HIST, RUN)
+                        # every warp's count of keys listed before the slice counts as done
+                        tl.debug_barrier()
                         if tl.atomic_add(done, 1) == SL - 1:
-                            if tl.atomic_add(cnt_ptr + row, 0) < K:
+                            if tl.atomic_add(ctr + 1, 0) < K:
                                 tl.store(done, SL + 1)
                                 if RETRIES:
                                     tl.atomic_add(stats_ptr + 4, 1)
@@ -912,15 +988,17 @@ if triton is not None:
         as ``SPARSE`` asks (up to a tile's worth), or be smaller where no row has more runs
         (:func:`sample_runs`): the same sample, a smaller tile. It also zeroes the counters
         the later launches start from, the row's write counter ``wpos[row]``, with ``SL > 1``
-        its list counter ``cnt[row]`` and slices-done counter ``cnt[rows + row]``, and
+        its list counter and count ``cnt[2 * row:2 * row + 2]`` and slices-done counter
+        ``cnt[2 * rows + row]``, and
         (program 0) ``ctl[0:5]``, and with ``HIST`` a filtered row's histogram of the keys its
         lists will have no room for (``hist[row * SEED_BINS:]``), so that the call needs no
         fill launch before it."""
         row = tl.program_id(0).to(tl.int64)
         tl.store(wpos_ptr + row, 0)
         if SL > 1:
-            tl.store(cnt_ptr + row, 0)  # the row's list
-            tl.store(cnt_ptr + rows + row, 0)  # its slices done
+            tl.store(cnt_ptr + 2 * row, 0)  # the row's list counter
+            tl.store(cnt_ptr + 2 * row + 1, 0)  # its keys listed
+            tl.store(cnt_ptr + 2 * rows + row, 0)  # its slices done
         if row == 0:
             c = tl.arange(0, 8)
             tl.store(ctl_ptr + c, tl.zeros((8,), tl.int32), mask=c < 5)
@@ -972,7 +1050,7 @@ if triton is not None:
 
     @triton.jit
     def _fallback_seed(row, cand32_ptr, cnt_ptr, hist_ptr, t1, K: tl.constexpr, W: tl.constexpr, WCAP: tl.constexpr,
-                       SBUF: tl.constexpr):
+                       SBUF: tl.constexpr, SPLIT: tl.constexpr = False):
         """Where a filtered row's lists overflowed, the bits of its k-th key that the filter's
         histogram gives (``fallback_seed``): the keys its lists had no room for were counted
         there (``hist_ptr[row * SEED_BINS:]``, bins of :func:`_seed_bin` from the threshold
@@ -982,7 +1060,8 @@ if triton is not None:
         sharing their top ``32 - SEED_SHIFT`` bits, all of which passed: returns ``(prefix,
         pmask, need, filled, seeded)`` for :func:`_queue_fallback`, ``filled`` 1 (the first
         pass fills the buffer) where the bin holds at most ``SBUF`` keys; otherwise nothing
-        known (the first digit from the top)."""
+        known (the first digit from the top). ``SPLIT``: a split row's one list, its slots
+        taken at ``cnt[2 * row]``, empty ones (column -1) among them."""
         CAP: tl.constexpr = W * WCAP
         SC: tl.constexpr = 512
         bins = tl.arange(0, _SEED_BINS)
@@ -990,9 +1069,14 @@ if triton is not None:
         h = tl.load(hist_ptr + row * _SEED_BINS + bins, volatile=True)
         for c0 in range(0, CAP, SC):
             i = c0 + tl.arange(0, SC)
-            listed = tl.minimum(tl.load(cnt_ptr + row * W + i // WCAP, mask=i < CAP, other=0), WCAP)
-            ok = (i < CAP) & (i % WCAP < listed)
-            v = tl.load(cand32_ptr + 2 * (row * CAP + i), mask=ok, other=0)
+            if SPLIT:
+                ok = (i < CAP) & (i < tl.load(cnt_ptr + 2 * row))
+                v, col = _slot_both(cand32_ptr, row, i, ok, CAP, WCAP, WCAP)
+                ok = ok & (col >= 0)
+            else:
+                listed = tl.minimum(tl.load(cnt_ptr + row * W + i // WCAP, mask=i < CAP, other=0), WCAP)
+                ok = (i < CAP) & (i % WCAP < listed)
+                v = tl.load(cand32_ptr + 2 * (row * CAP + i), mask=ok, other=0)
             h += tl.histogram(_seed_bin(v.to(tl.float32, bitcast=True), origin), _SEED_BINS, mask=ok)
         # keys in the bins from each bin up
         reach = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h
@@ -1411,6 +1495,7 @@ if triton is not None:
         SEED: tl.constexpr = False,
         SBUF: tl.constexpr = 0,
         SEEDSTAT: tl.constexpr = False,
+        SPLIT: tl.constexpr = False,
     ):
         """The top k of one row (its candidates filtered already, if it is longer than
         ``WHOLE``) with a tile of ``STW`` slots a list. A first launch (``FIRST``) queues
@@ -1421,7 +1506,9 @@ if triton is not None:
         at least ``PSPLIT`` keys are queued for :func:`fallback_kernel` instead; with ``SEED``,
         those whose lists overflowed start from the filter's histogram (:func:`_fallback_seed`,
         the first threshold at ``thr1``, a buffer of ``SBUF`` keys; ``SEEDSTAT``: counted in
-        ``stats[6]``)."""
+        ``stats[6]``). ``SPLIT``: the rows were split across filter programs (``W`` 1): the
+        list's slots taken at ``cnt[2 * row]``, empty ones (column -1) among them, and its
+        keys at ``cnt[2 * row + 1]``."""
         base = logits_ptr + row * stride_lm + tl.load(starts_ptr + row).to(tl.int64)
         obase = out_ptr + row * stride_om
         CAP: tl.constexpr = W * WCAP
@@ -1439,15 +1526,28 @@ if triton is not None:
                 lo = tl.min(tl.where(idx < length, keys, 2147483647), axis=0)
                 total = length
             else:
-                cnt = tl.load(cnt_ptr + row * W + tl.arange(0, W))
-                longest = tl.max(cnt, axis=0)
-                total = tl.sum(cnt, axis=0)
+                lo = tl.load(thr_ptr + row)
+                if SPLIT:
+                    longest = tl.load(cnt_ptr + 2 * row)
+                    total = tl.load(cnt_ptr + 2 * row + 1)
+                else:
+                    cnt = tl.load(cnt_ptr + row * W + tl.arange(0, W))
+                    longest = tl.max(cnt, axis=0)
+                    total = tl.sum(cnt, axis=0)
                 path = ((length < sample_min) | (total < K) | (longest > WCAP)).to(tl.int32)
+                if SPLIT:
+                    # an empty slot's key (-inf's) lies below every listed key unless the
+                    # threshold is that low (a row of fewer than about k keys above -inf):
+                    # such a row takes the fallback path, which reads the row itself, so the
+                    # tile's counts and writes below never meet an empty slot
+                    path = tl.where(lo <= _HOLE_KEY, 1, path)
                 path = tl.where((path == 0) & (longest > STW), 2, path)
-                valid = idx % STW < tl.where(path == 0, tl.load(cnt_ptr + row * W + idx // STW), 0)
+                if SPLIT:
+                    valid = idx < tl.where(path == 0, longest, 0)
+                else:
+                    valid = idx % STW < tl.where(path == 0, tl.load(cnt_ptr + row * W + idx // STW), 0)
                 v = tl.load(_slot(cand32_ptr, row, idx, CAP, WCAP, STW), mask=valid, other=0)
                 keys = tl.where(valid, _skey(v.to(tl.float32, bitcast=True)), -2147483648)
-                lo = tl.load(thr_ptr + row)
             if FIRST:
                 if (path == 2) | ((path == 1) & (not PLAIN)):
                     _defer(ctl_ptr, row)
@@ -1498,7 +1598,10 @@ if triton is not None:
                                 key = _skey(tl.load(base + i, mask=m, other=0.0))
                                 ci = i
                             else:
-                                m = i % STW < tl.load(cnt_ptr + row * W + i // STW)
+                                if SPLIT:
+                                    m = i < tl.load(cnt_ptr + 2 * row)
+                                else:
+                                    m = i % STW < tl.load(cnt_ptr + row * W + i // STW)
                                 bits, ci = _slot_both(cand32_ptr, row, i, m, CAP, WCAP, STW)
                                 key = _skey(bits.to(tl.float32, bitcast=True))
                             take = m & ((key > kth) | ((key == kth) & (ci <= colth)))
@@ -1518,7 +1621,8 @@ if triton is not None:
                         if SEED:
                             if (length >= sample_min) & (longest > WCAP):
                                 prefix, pmask, need, filled, seeded = _fallback_seed(
-                                    row, cand32_ptr, cnt_ptr, hist_ptr, tl.load(thr1_ptr + row), K, W, WCAP, SBUF)
+                                    row, cand32_ptr, cnt_ptr, hist_ptr, tl.load(thr1_ptr + row), K, W, WCAP, SBUF,
+                                    SPLIT)
                                 if SEEDSTAT:
                                     tl.atomic_add(stats_ptr + 6, seeded.to(tl.int32))
                         _queue_fallback(row, cand32_ptr, ctl_ptr, prefix, pmask, need, filled, 2 * CAP)
@@ -1549,18 +1653,20 @@ if triton is not None:
         SEED: tl.constexpr = False,
         SBUF: tl.constexpr = 0,
         SEEDSTAT: tl.constexpr = False,
+        SPLIT: tl.constexpr = False,
     ):
         """``FIRST``: one row a program, every row. Otherwise the rows a first launch queued
         (``ctl[1]`` of them at ``ctl[5:]``): program ``p`` takes entry ``p``, then pulls
         more from the counter ``ctl[2]`` (zeroed by the caller); with an empty queue every
-        program leaves after one load."""
+        program leaves after one load. ``SPLIT``: the rows were split across filter programs
+        (:func:`_select_row`)."""
         pid = tl.program_id(0)
         # two call sites: the first launch as a one-row loop took 31 more registers (ptxas, sm_90a)
         if FIRST:
             _select_row(pid.to(tl.int64), tl.load(lengths_ptr + pid).to(tl.int32), logits_ptr, starts_ptr, out_ptr,
                         cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min,
                         hist_ptr, thr1_ptr, K, KP, W, WCAP, STW, WHOLE, CH, BLOCK, RADIX_BITS, R, True, True, STATS, WB,
-                        PSPLIT, SEED, SBUF, SEEDSTAT)
+                        PSPLIT, SEED, SBUF, SEEDSTAT, SPLIT)
         else:
             queued = tl.load(ctl_ptr + 1)
             i = pid
@@ -1568,7 +1674,8 @@ if triton is not None:
                 row = tl.load(ctl_ptr + 5 + i).to(tl.int64)
                 _select_row(row, tl.load(lengths_ptr + row).to(tl.int32), logits_ptr, starts_ptr, out_ptr, cand32_ptr,
                             cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, hist_ptr,
-                            thr1_ptr, K, KP, W, WCAP, STW, WHOLE, CH, BLOCK, RADIX_BITS, R, False, True, STATS, WB, 0)
+                            thr1_ptr, K, KP, W, WCAP, STW, WHOLE, CH, BLOCK, RADIX_BITS, R, False, True, STATS, WB, 0,
+                            False, 0, False, SPLIT)
                 i = tl.num_programs(0) + tl.atomic_add(ctl_ptr + 2, 1)
 
 

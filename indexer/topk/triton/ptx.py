@@ -123,21 +123,60 @@ def _warp_append_ptx(cut: bool, hist: bool = False) -> str:
             + "add.s32 t, t, $12;\n" + "".join(f"mov.u32 ${j}, t;\n" for j in range(4)) + "}\n")
 
 
+#: A split row's list slot that a warp reserved and left empty: value bits of -inf, column
+#: -1. The select and the fallback seed skip slots whose column is negative.
+HOLE_BITS, HOLE_COLUMN = -8388608, -1
+
+
 def _shared_append_ptx(cut: bool, hist: bool = False) -> str:
     """:func:`_shared_append`'s PTX: the selected keys of ``$4``-``$7`` (as
     :func:`_warp_append_ptx`), with their columns ``$8``-``$11``, go to the row's one list
-    ``$16`` at slots taken from its counter ``[$12]`` by one atomic add a warp (lane 0's,
-    shuffled to the others), while below ``$24``; the counter counts on past the room. With
-    ``hist``, the keys past the room go to the row's histogram at the last operand
-    (:func:`_overflow_ptx`). The outputs are placeholders."""
-    over = _overflow_ptx("base", 20, 32 if cut else 28) if hist else ""
-    return ("{\n" + _ballot_ranks_ptx(4, threshold=20, cols=8 if cut else None) + _take_slots_ptx(12)
-            + ".reg .pred s;\n"
-            + "".join(f"add.s32 q{j}, q{j}, base;\nsetp.lt.and.s32 s, q{j}, $24, p{j};\n"
-                      f"mad.wide.s32 a, q{j}, 8, $16;\n@s st.global.v2.b32 [a], {{${4 + j}, ${8 + j}}};\n"
-                      for j in range(4))
+    ``$16`` while below ``$24`` (its room), at slots of the warp's run: ``[pos, end)`` of the
+    list, taken from its counter ``[$12]`` by one atomic add (lane 0's, shuffled to the other
+    lanes) only when the block's keys do not fit what is left of it. A new run is the keys
+    that do not fit or ``run`` slots (the operand after the state), whichever is more, so a
+    warp waits on an atomic's return about once every ``run`` keys it lists rather than once a
+    block; its first keys fill the old run's rest. The warp's state comes in four registers
+    of a lane (``$28``-``$31``, with ``cut`` ``$32``-``$35``: ``pos``, ``end``, keys listed,
+    unused) and goes out in ``$0``-``$3``; :data:`_SHARED_CLOSE_PTX` marks the slots left
+    in the last run. The counter counts on past the room. With ``hist``, the keys past the
+    room go to the row's histogram at the last operand (:func:`_overflow_ptx`)."""
+    st = 32 if cut else 28
+    over = _overflow_ptx("s0", 20, st + 8) if hist else ""
+    return ("{\n" + _ballot_ranks_ptx(4, threshold=20, cols=8 if cut else None)
+            + ".reg .pred s, pn, pl, po;\n.reg .b32 pos, end, got, rem, need, r, nb, x, s0, lane;\n.reg .b64 a;\n"
+            f"mov.u32 pos, ${st};\nmov.u32 end, ${st + 1};\nadd.u32 got, ${st + 2}, t;\n"
+            "sub.s32 rem, end, pos;\nsub.s32 need, t, rem;\nsetp.gt.s32 pn, need, 0;\n@!pn bra.uni KEEP;\n"
+            f"max.s32 r, need, ${st + 4};\nmov.u32 lane, %laneid;\nsetp.eq.u32 pl, lane, 0;\nmov.u32 nb, 0;\n"
+            "@pl atom.global.add.u32 nb, [$12], r;\nshfl.sync.idx.b32 nb, nb, 0, 0x1f, 0xffffffff;\n"
+            # ranks below rem fill the old run's rest, the others start the new run (at nb)
+            + "".join(f"setp.lt.s32 po, q{j}, rem;\nsub.s32 x, nb, rem;\nselp.b32 x, pos, x, po;\n"
+                      f"add.s32 q{j}, q{j}, x;\n" for j in range(4))
+            + "add.s32 end, nb, r;\nadd.s32 pos, nb, need;\nbra.uni PLACED;\nKEEP:\n"
+            + "".join(f"add.s32 q{j}, q{j}, pos;\n" for j in range(4))
+            + "add.s32 pos, pos, t;\nPLACED:\n"
+            # (the last slot taken is pos - 1: the overflow test's s0 + t)
+            + "sub.s32 s0, pos, t;\n"
+            + "".join(f"setp.lt.and.s32 s, q{j}, $24, p{j};\nmad.wide.s32 a, q{j}, 8, $16;\n"
+                      f"@s st.global.v2.b32 [a], {{${4 + j}, ${8 + j}}};\n" for j in range(4))
             + over
-            + "".join(f"mov.u32 ${j}, 0;\n" for j in range(4)) + "}\n")
+            # (last, after every read of an input: an output may share an input's register)
+            + "mov.u32 $0, pos;\nmov.u32 $1, end;\nmov.u32 $2, got;\nmov.u32 $3, 0;\n}\n")
+
+
+#: :func:`_shared_close`'s PTX: the warp's state ``$4``-``$7`` (:func:`_shared_append_ptx`),
+#: the row's list counter ``$8`` (the count of keys listed is the next word), its list
+#: ``$12`` and room ``$16``. The slots ``[pos, end)`` below the room get :data:`HOLE_BITS`
+#: and :data:`HOLE_COLUMN` (four a lane: a run is at most 128 slots), and lane 0 adds the
+#: warp's keys listed to the count. The outputs are placeholders.
+_SHARED_CLOSE_PTX = (
+    "{\n.reg .pred p;\n.reg .b32 lane, s, hv, hc;\n.reg .b64 a;\nmov.u32 lane, %laneid;\n"
+    f"mov.b32 hv, {HOLE_BITS};\nmov.b32 hc, {HOLE_COLUMN};\n"
+    + "".join(f"add.u32 s, $4, lane;\nadd.u32 s, s, {32 * i};\nsetp.lt.s32 p, s, $5;\n"
+              f"setp.lt.and.s32 p, s, $16, p;\nmad.wide.s32 a, s, 8, $12;\n"
+              "@p st.global.v2.b32 [a], {hv, hc};\n" for i in range(4))
+    + "setp.eq.u32 p, lane, 0;\nsetp.ne.and.u32 p, $6, 0, p;\n@p red.global.add.u32 [$8+4], $6;\n"
+    + "".join(f"mov.u32 ${j}, 0;\n" for j in range(4)) + "}\n")
 
 
 def _warp_histogram_ptx() -> str:

@@ -28,8 +28,11 @@ compare to store, :func:`_warp_append`), so the pass needs no block-wide scan; e
 (AMD, the CPU interpreter) a per-warp-row ``tl.cumsum`` does the same. If fewer than k keys
 pass, the pass runs once more with the retry's threshold. Few long rows (``slices``,
 :func:`auto_slices`) are split into slices of whole blocks, a program each, all appending
-to the row's one list by an atomic counter (:func:`_shared_append`); such rows retry in a
-launch of their own that appends only the keys between the two thresholds.
+to the row's one list: each warp takes runs of ``split_run`` slots from the row's atomic
+counter and fills them (:func:`_shared_append`), so it waits on the counter only once a
+run; slots a run leaves unused are marked empty and counted apart from the keys listed.
+Such rows retry in a launch of their own that appends only the keys between the two
+thresholds.
 
 *Select* (one program per row). The candidates (or the whole row, when it fits the tile)
 sit in registers; the k-th key is found by regula falsi on counts (``count(key >= x) >=
@@ -202,8 +205,8 @@ class RaggedTopk:
         # int32 or int64 as they come (the kernels load either): no conversion launches
         self.starts, self.lens = starts_rel.reshape(-1), lengths.reshape(-1)  # views
         _, num_warps, cap = self.plan[:3]
-        # (split rows: a list counter and a slices-done counter a row)
-        self.counters = max(num_warps, 2)
+        # (split rows: a list counter, a count of keys listed and a slices-done counter a row)
+        self.counters = max(num_warps, 3)
         if self.plan.row is not None:
             # the row kernel's only scratch: a write counter a row
             self.scratch_numel = (rows + 1) // 2
