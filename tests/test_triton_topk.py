@@ -233,7 +233,7 @@ def test_candidate_overflow_falls_back_to_the_plain_select(slices):
 
 
 @pytest.mark.parametrize("values", ["normal", "few", "mostly_-inf"])
-@pytest.mark.parametrize("split_run", [0, 32, 128])
+@pytest.mark.parametrize("split_run", [0, 8, 128])
 def test_split_rows_take_slots_in_runs_and_mark_the_unused_ones(split_run, values):
     # a split row's programs (warps, on NVIDIA) take slots of the row's one list in runs; the
     # slots a run leaves unused are marked empty (column -1), counted apart from the keys
@@ -250,18 +250,19 @@ def test_split_rows_take_slots_in_runs_and_mark_the_unused_ones(split_run, value
         masked = torch.where(keep, masked, float("-inf"))
     dev = torch.device(DEVICE)
     run = T.RaggedTopk(dev, rows, n, starts.to(dev), lengths.to(dev), topk,
-                       config=_cfg(cap=1024, slices=slices, split_run=split_run, **SMALL_SAMPLE))
+                       config=_cfg(cap=4096, slices=slices, split_run=split_run, **SMALL_SAMPLE))
     got = torch.empty(rows, topk, dtype=torch.int32, device=dev)
     run(logits, got)
     want = torch.empty(rows, topk, dtype=torch.int32)
     row_topk(masked, starts, lengths, topk, want)
     assert torch.equal(got.cpu().sort(1).values, want.sort(1).values)
     counts = run.cand32[run.counts.offset:].cpu()
-    lists = run.buf[:rows * 1024].view(rows, 1024).cpu()
+    lists = run.buf[:rows * 4096].view(rows, 4096).cpu()
     holes = []
     for r in range(2, rows):  # rows 0 and 1 are at most k keys long
         taken, listed = int(counts[2 * r]), int(counts[2 * r + 1])
-        assert topk <= listed <= taken <= 1024, (r, taken, listed)
+        # (room for every warp's unused run: 16 warps x 127 slots on NVIDIA)
+        assert topk <= listed <= taken <= 4096, (r, taken, listed)
         slot = lists[r, :taken]
         col, bits = slot >> 32, (slot & 0xFFFFFFFF).to(torch.int32)
         empty = col == -1

@@ -46,8 +46,11 @@ SECOND_PROGRAMS_PER_SM = 2
 #: Split rows (``slices``): at most this many programs a row, each filtering at least
 #: ``SLICE_MIN`` keys of it.
 MAX_SLICES, SLICE_MIN = 64, 16384
-#: Slots a filter warp takes from a split row's list counter at a time (``split_run``).
-SPLIT_RUN = 64
+#: Slots a filter warp takes from a split row's list counter at a time (``split_run``): 8
+#: was the fastest run that slowed no measured shape (H100, 65K-2M keys, 4-64 slices a row);
+#: longer runs left enough empty slots to push rows past the first select tile
+#: (docs/benchmarks.md, "Split rows: list slots in runs").
+SPLIT_RUN = 8
 #: Counters of :func:`ragged_topk`'s ``stats``: rows listed whole (at most k keys), rows
 #: selected from sampled candidates, rows that took the plain radix select, rows selected
 #: on the row itself (longer than k, within the select tile); these four count each row
