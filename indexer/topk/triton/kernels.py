@@ -668,8 +668,9 @@ if triton is not None:
         overflowed; returns their sum) or, ``SHARED``, the row's one list at ``cand``: its
         slots taken from the counter ``cnt_row[0]`` in runs of at least ``RUN`` (it counts
         on past ``WCAP``: then the list overflowed; a run's slots left unused are marked
-        empty, column -1), the keys listed added to ``cnt_row[1]`` (returns 0). ``DEPTH`` blocks of ``W * BW`` keys are in
-        flight (1-3): each SM needs enough bytes on their way to cover the memory latency.
+        empty, column -1), the keys listed added to ``cnt_row[1]`` (returns 0). ``DEPTH``
+        blocks of ``W * BW`` keys are in flight (1-3): each SM needs enough bytes on their
+        way to cover the memory latency.
         The blocks whose loads all fall inside the range go unmasked (no bound checks or
         fill values: fewer instructions and registers a block); the last few take the
         masked loop. ``DEAL``: the per-warp lists take each block's keys dealt
