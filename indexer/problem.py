@@ -211,9 +211,21 @@ def check_device(device: object) -> torch.device:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if not count:
             raise ValueError(f"device is {device!r} but this torch ({torch.__version__}) sees no CUDA or ROCm GPU")
-        if dev.index is not None and dev.index >= count:
+        # torch keeps a device index in 8 bits: "cuda:999" becomes cuda:-25, "cuda:255" the
+        # current GPU and "cuda:256" cuda:0, so the index is read from the argument itself
+        index = _written_index(device, dev)
+        if index is not None and not 0 <= index < count:
             raise ValueError(f"device is {device!r} but this torch sees {count} GPU(s) (cuda:0-cuda:{count - 1})")
     return indexed_device(dev)
+
+
+def _written_index(device: object, dev: torch.device) -> int | None:
+    # the GPU index the caller wrote: "type:N" or an int as given, else the device's own
+    if isinstance(device, str) and ":" in device:
+        return int(device.rsplit(":", 1)[1])  # digits: torch.device parsed it
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    return dev.index
 
 
 def make_problem(

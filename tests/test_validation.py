@@ -130,3 +130,15 @@ def test_a_device_this_torch_cannot_use_is_a_value_error_naming_it(device):
     starts, ends = torch.tensor([0, 0], dtype=torch.int32), torch.tensor([5, 8], dtype=torch.int32)
     with pytest.raises(ValueError, match="device .*" + re.escape(repr(device))):
         indexer.plan(starts, ends, num_keys=8, heads=2, head_dim=32, topk=4, device=device)
+
+
+@pytest.mark.parametrize("device", ["cuda:2", "cuda:999", "cuda:255", "cuda:256"])
+def test_a_gpu_index_past_the_gpus_is_a_value_error_naming_it(device, monkeypatch):
+    # torch keeps a device index in 8 bits ("cuda:999" is cuda:-25, "cuda:255" the current GPU,
+    # "cuda:256" cuda:0): the index the caller wrote is the one checked, on a host that sees
+    # two GPUs (the count is all the check reads; it raises before any CUDA call)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    starts, ends = torch.tensor([0, 0], dtype=torch.int32), torch.tensor([5, 8], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"device is " + re.escape(repr(device)) + r" but this torch sees 2 GPU"):
+        indexer.plan(starts, ends, num_keys=8, heads=2, head_dim=32, topk=4, device=device)
