@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 import os
+import re
 import subprocess
 import sys
 
@@ -65,14 +66,10 @@ def _nvidia_compile(fn, signature: dict, kwargs: dict, ptx: tuple[str, ...]):
 def _inline_asm(kernel) -> str:
     """The PTX of a kernel's inline asm blocks (the library's PTX steps), which LLVM's NVPTX
     backend emits between ``// begin inline asm`` and ``// end inline asm``."""
-    import re
-
     return "\n".join(re.findall(r"// begin inline asm\n(.*?)// end inline asm", kernel.asm["ptx"], re.S))
 
 
 def _triton_at_least(major: int, minor: int) -> bool:
-    import re
-
     return tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2]) >= (major, minor)
 
 
@@ -81,8 +78,6 @@ def _loop_local_stores(kernel) -> list[int] | None:
     holding warp votes (the filter's passes), read from its SASS by Triton's cuobjdump;
     ``None`` where this Triton ships none. A loop runs from a backward branch's target to
     the last backward branch there; innermost: no other loop inside."""
-    import re
-
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     if not os.path.exists(tool):
         return None
