@@ -122,7 +122,8 @@ _SELECT_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, out_pt
                    stride_om=_I, sample_min=_I, hist_ptr=_P32, thr1_ptr=_P32)
 _FILTER_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, cand_ptr=_P64, cand32_ptr=_P32,
                    cnt_ptr=_P32, thr_ptr=_P32, tcol_ptr=_P32, thr2_ptr=_P32, out_ptr=_P32, ctl_ptr=_P32,
-                   wpos_ptr=_P32, stats_ptr=_P32, rows=_I, stride_lm=_I, stride_om=_I, sample_min=_I, hist_ptr=_P32)
+                   wpos_ptr=_P32, stats_ptr=_P32, rows=_I, stride_lm=_I, stride_om=_I, sample_min=_I, hist_ptr=_P32,
+                   stage_ptr=_P64)
 _FALLBACK_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, out_ptr=_P32, cand32_ptr=_P32,
                      ctl_ptr=_P32, wpos_ptr=_P32, stats_ptr=_P32, rows=_I, stride_lm=_I, stride_om=_I)
 _ROW_SIG = dict(logits_ptr="*fp32", starts_ptr=_P64, lengths_ptr=_P64, out_ptr=_P32, wpos_ptr=_P32,
@@ -195,9 +196,18 @@ def _nvidia_topk_kernels(slices: int) -> None:
     _, _, _, sample_kw, filter_kw, retry_kw, selects, fallback_kw, _ = _topk_plan(
         TC.CONFIGS["sm90"], 1 << 20, slices=slices)
     assert filter_kw["BALLOT"] and filter_kw["SL"] == slices
-    # the filter's PTX step: warp lists (slices=1) or the row's shared list and its atomic counter
-    ptx = ("vote.sync.ballot", "st.global.v2.b32") + (("atom.global.add.u32",) if slices > 1 else ())
-    kernel = _nvidia_compile(TK.filter_kernel, _FILTER_SIG, filter_kw, ptx)
+    # the filter's PTX step: warp lists (slices=1) or the row's shared list, slots in runs
+    # from its atomic counter
+    ptx = ("vote.sync.ballot", "st.global.v2.b32")
+    assert not filter_kw["STAGE"] and filter_kw["RUN"] == (TC.SPLIT_RUN if slices > 1 else 0)
+    kernel = _nvidia_compile(TK.filter_kernel, _FILTER_SIG, filter_kw,
+                             ptx + (("atom.global.add.u32",) if slices > 1 else ()))
+    if slices > 1:
+        # split_stage: a whole row's warp lists, staged; their pass at the streaming cap
+        # spills nothing a step (Triton 3.6 and 3.9)
+        staged = _nvidia_compile(TK.filter_kernel, _FILTER_SIG, dict(filter_kw, STAGE=True, RUN=0), ptx)
+        stores = _loop_local_stores(staged)
+        assert stores is None or (stores and not any(stores)), stores
     if slices == 1:
         # at its 32-register cap the streaming filter's passes over whole rows spill nothing a
         # step (Triton 3.9 spills 3 words a step in one of the split rows' four passes there).

@@ -233,14 +233,16 @@ def test_candidate_overflow_falls_back_to_the_plain_select(slices):
 
 
 @pytest.mark.parametrize("values", ["normal", "few", "mostly_-inf"])
-@pytest.mark.parametrize("split_run", [0, 8, 128])
+@pytest.mark.parametrize("split_run", [None, 0, 8, 128])
 def test_split_rows_take_slots_in_runs_and_mark_the_unused_ones(split_run, values):
     # a split row's programs (warps, on NVIDIA) take slots of the row's one list in runs; the
     # slots a run leaves unused are marked empty (column -1), counted apart from the keys
     # listed, and skipped by the select: the torch set, every other slot a key of the row.
     # mostly_-inf: the k-th key is -inf, tied, as an empty slot's value (the lowest columns
-    # win the tie, and an empty slot's must not)
+    # win the tie, and an empty slot's must not). split_run None: split_stage, each program's
+    # lists staged and copied in one run of its own, no empty slot
     rows, n, topk, slices = 4, 6000, 24, 4
+    how = dict(split_stage=True) if split_run is None else dict(split_stage=False, split_run=split_run)
     logits, masked, starts, lengths = _case(rows, n, topk, seed=31, quantize=2.0 if values == "few" else None,
                                             min_length=5000)
     if values == "mostly_-inf":
@@ -250,7 +252,7 @@ def test_split_rows_take_slots_in_runs_and_mark_the_unused_ones(split_run, value
         masked = torch.where(keep, masked, float("-inf"))
     dev = torch.device(DEVICE)
     run = T.RaggedTopk(dev, rows, n, starts.to(dev), lengths.to(dev), topk,
-                       config=_cfg(cap=4096, slices=slices, split_run=split_run, **SMALL_SAMPLE))
+                       config=_cfg(cap=4096, slices=slices, **how, **SMALL_SAMPLE))
     got = torch.empty(rows, topk, dtype=torch.int32, device=dev)
     run(logits, got)
     want = torch.empty(rows, topk, dtype=torch.int32)
@@ -273,12 +275,28 @@ def test_split_rows_take_slots_in_runs_and_mark_the_unused_ones(split_run, value
         assert col.unique().numel() == listed and (col >= 0).all() and (col < int(lengths[r])).all()
         value = logits[r].cpu()[int(starts[r]) + col]
         assert torch.equal(bits[~empty].view(torch.float32), value)
-    if split_run == 0:
+    if not split_run:
         assert holes == [0] * (rows - 2)
     else:
         # at most a run's rest for each warp of each slice (and each program's masked steps)
         bound = slices * (run.config.num_warps + 1) * (split_run - 1)
         assert all(h <= bound for h in holes) and (split_run < 128 or sum(holes) > 0), holes
+
+
+def test_a_split_rows_staged_list_that_overflows_sends_the_row_to_the_fallback():
+    # split_stage: a slice's warp stages at most cap / num_warps keys (16 here). 32 large
+    # keys, rising with the column, at the row's first 32 columns (one warp's, whether a
+    # warp's columns in a block are a run of 128 or strided by 32) and k above that room: at
+    # least k keys pass, all in one warp's staged list, which overflows while the row's list
+    # has room for every key that passed. The row must still leave the sampled path (the
+    # staged keys past the room, its largest, were never listed), with the same set
+    n, topk = 2048, 17
+    warps = TC.launch_config(torch.device(DEVICE)).num_warps
+    vals = torch.randn(2, n, generator=torch.Generator().manual_seed(12))
+    vals[:, :32] = 5.0 + torch.arange(32, dtype=torch.float32) / 32
+    starts, lengths = torch.zeros(2, dtype=torch.int64), torch.full((2,), n, dtype=torch.int64)
+    kw = dict(cap=16 * warps, slices=4, split_stage=True, **SMALL_SAMPLE)
+    assert _check(vals.to(DEVICE), vals, starts, lengths, topk, **kw)[TC.STAT_PLAIN] == 2
 
 
 @pytest.mark.parametrize("slices", [1, 4])
@@ -1492,6 +1510,36 @@ def test_the_filters_counts_start_the_fallback_by_default_where_every_filter_pro
     assert run.config.fallback_seed is False and not run.plan[4]["HIST"]
     with pytest.raises(ValueError, match="fallback_seed"):
         TC.TopkConfig(fallback_seed=1)
+
+
+def test_the_budget_holds_the_lists_split_rows_stage(monkeypatch):
+    # split_stage: each (row, slice) program stages cap slots and a count a warp past the
+    # scratch's other parts; the chunk budget's bound (split_stage_bytes) holds them wherever
+    # auto_slices splits rows on an sm90 GPU of 132 SMs with it on, and is 0 where it does not
+    # or with it off (the default)
+    cpu = torch.device("cpu")
+    for stage in (False, True):
+        cfg = dataclasses.replace(TC.DEFAULT_CONFIG, cap=4096, slices=4, split_stage=stage)
+        run = T.RaggedTopk(cpu, 3, 6000, torch.zeros(3, dtype=torch.int64), torch.full((3,), 6000), 24, config=cfg)
+        if not stage:
+            plain = run.scratch_numel
+    assert run.scratch_numel - plain == 3 * 4 * (4096 + cfg.num_warps)
+    monkeypatch.setattr(TC, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(TC, "_arch", lambda device: "sm90")
+    gpu = torch.device("cuda", 0)
+    sm90 = TC.CONFIGS["sm90"]
+    assert TC.launch_config(gpu) is sm90 and not sm90.split_stage
+    # off by default: nothing staged
+    assert int(TC.split_stage_bytes(gpu, 2048, torch.tensor([16]), torch.tensor([1 << 21]))) == 0
+    sm90 = dataclasses.replace(sm90, split_stage=True)
+    monkeypatch.setattr(TC, "launch_config", lambda device: sm90)
+    cap = TC.default_cap(2048)
+    for rows in (1, 16, 128, 264, 265, 1024):
+        for n in (16384, 32767, 32768, 1 << 17, 1 << 21):
+            got = int(TC.split_stage_bytes(gpu, 2048, torch.tensor([rows]), torch.tensor([n])))
+            slices = TC.auto_slices(gpu, rows, n, sm90.programs_per_sm)
+            staged = rows * slices * (cap + sm90.num_warps) * 8 if slices > 1 else 0
+            assert staged <= got and (got == 0) == (slices == 1), (rows, n, slices, got)
 
 
 def test_split_fallback_plans_only_what_its_scratch_and_offsets_hold():

@@ -62,11 +62,15 @@ def topk_row_bytes(problem: Problem, choice: str | None = None) -> int:
 
 def topk_bytes(problem: Problem, rows: torch.Tensor, width: torch.Tensor, choice: str | None = None) -> torch.Tensor:
     """Bytes of the chosen top-k's temporaries for chunks of ``rows`` rows and ``width``
-    columns (int64 tensors), for chunk budgets: :func:`topk_row_bytes` a row, and for the torch
-    path :data:`TORCH_TOPK_COLUMN_BYTES` a column of every row."""
+    columns (int64 tensors), for chunk budgets: :func:`topk_row_bytes` a row; for the torch
+    path :data:`TORCH_TOPK_COLUMN_BYTES` a column of every row, for the Triton kernel the
+    lists its split rows stage (:func:`~.triton.config.split_stage_bytes`)."""
     choice = topk_choice(problem.device) if choice is None else choice
-    per_column = 0 if choice == "triton" else TORCH_TOPK_COLUMN_BYTES
-    return rows * (topk_row_bytes(problem, choice) + per_column * width)
+    if choice == "triton":
+        from .triton.config import split_stage_bytes
+
+        return rows * topk_row_bytes(problem, choice) + split_stage_bytes(problem.device, problem.topk, rows, width)
+    return rows * (topk_row_bytes(problem, choice) + TORCH_TOPK_COLUMN_BYTES * width)
 
 
 def native_max_keys(device: torch.device) -> tuple[int, str]:

@@ -151,7 +151,16 @@ class TopkConfig:
             (a new run: the keys left over or ``split_run`` slots, whichever is more). Slots
             a warp leaves unused in its last run are marked empty and skipped by the select
             (at most ``split_run - 1`` a warp, out of ``cap``). ``0``: one atomic add a warp
-            for each block with keys to place, no empty slots.
+            for each block with keys to place, no empty slots. Used only without
+            ``split_stage``.
+        split_stage: A split row's filter programs list their keys as a whole row's do,
+            one list a warp in scratch of their own (``8 * cap`` bytes a program), and copy
+            them to the row's list at the end of the slice, at slots taken by one atomic add
+            a program: no atomic while they stream, no empty slots (``split_run`` unused).
+            Off: on an H100 it took 0.80-0.93x the time of runs of 8 on Gaussian, sink and
+            stripes rows at 64K-128K keys, but 1.05-1.22x where a row's candidates sit in one
+            slice (ramps, ties cut by column) or at 2M keys (docs/benchmarks.md, "Split rows:
+            staged lists").
         radix_bits: Bits of the key resolved per pass of the fallback path (1, 2, 4 or 8).
         pieces, piece, sparse, sigmas: The sample: runs of ``piece`` keys, one key in
             ``sparse`` sampled, at most ``pieces`` runs in the filter kernel's own sample, its
@@ -256,6 +265,7 @@ class TopkConfig:
     cap: int | None = None
     slices: int | None = None
     split_run: int = SPLIT_RUN
+    split_stage: bool = False
     radix_bits: int = RADIX_BITS
     pieces: int = PIECES
     piece: int = PIECE
@@ -336,6 +346,8 @@ class TopkConfig:
             raise ValueError(f"slices must be None or a power of two in 1-{MAX_SLICES}, got {self.slices!r}")
         if not (_int(self.split_run) and (self.split_run == 0 or _pow2(self.split_run)) and self.split_run <= 128):
             raise ValueError(f"split_run must be 0 or a power of two of at most 128, got {self.split_run!r}")
+        if not isinstance(self.split_stage, bool):
+            raise ValueError(f"split_stage must be True or False, got {self.split_stage!r}")
         if self.fused and self.slices is not None and self.slices > 1:
             raise ValueError("fused=True needs slices=1 (a split row's select cannot run in one filter program)")
         if self.radix_bits not in (1, 2, 4, 8) or not _int(self.radix_bits):
@@ -488,6 +500,21 @@ def seeds_fallback(device: torch.device, config: TopkConfig, rows: int, slices: 
 
 
 @functools.lru_cache(maxsize=None)
+def split_stage_bytes(device: torch.device, topk: int, rows: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
+    """Bytes of the lists that split rows' filter programs stage (``split_stage``) in chunks
+    of ``rows`` rows of ``width`` keys (int64 tensors), with ``device``'s launch config: where
+    :func:`auto_slices` splits a chunk's rows (at most a quarter of the filter's programs,
+    at least two slices of keys), its rows times slices stay within half the programs, each
+    staging ``cap`` slots and a count a warp; 0 where rows are not split."""
+    c = launch_config(device)
+    if device.type != "cuda" or not c.split_stage or not c.programs_per_sm:
+        return torch.zeros_like(rows)
+    half = _sm_count(device) * c.programs_per_sm // 2
+    cap = default_cap(topk) if c.cap is None else c.cap
+    split = (rows >= 1) & (rows <= half // 2) & (width >= 2 * SLICE_MIN)
+    return torch.where(split, half * (cap + c.num_warps) * 8, 0)
+
+
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
@@ -669,7 +696,8 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
         DYNAMIC=bool(c.dynamic), FUSED=bool(fused), STW=tile // num_warps, CH=fused_ch, PRESAMPLE=presample,
         WB=fused_wb, num_warps=num_warps, **dict(common, W=num_warps), CAP=cap, SL=slices, RETRY=False,
         SECOND=second, RETRIES=bool(count_retries), JITTER=c.sample_jitter, DEAL=c.filter_deal, RETRY_FROM=retry_from,
-        HIST=seed, RUN=c.split_run if slices > 1 else 0, **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
+        HIST=seed, RUN=c.split_run if slices > 1 and not c.split_stage else 0, STAGE=slices > 1 and c.split_stage,
+        **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
     sample_kw = None
     if presample:
         # up to 16 warps, 32 keys a thread at SAMPLE_MAX

@@ -424,7 +424,8 @@ if triton is not None:
         return tl.minimum(_search(skeys, rank, -2147483648, 2147483647, stop, LOW_BIT), 0x7F800000)
 
     @triton.jit
-    def _sample_cut(skeys, scols, rank, length, spread, SLACK: tl.constexpr, LOW_BIT: tl.constexpr):
+    def _sample_cut(skeys, rank, length, spread, SLACK: tl.constexpr, LOW_BIT: tl.constexpr, NP: tl.constexpr,
+                    PIECE: tl.constexpr):
         """The filter's threshold from a sample: ``(t, tcol)``, a key and a column, as the
         composite key ``(value, -column)`` of the ``rank``-th largest sampled key, so that
         the filter keeps the keys above ``t`` and the keys equal to it at columns up to
@@ -437,7 +438,8 @@ if triton is not None:
         at least as many of the row's keys pass as for distinct values (a run's keys are
         adjacent: without the rounding a tie dense in the row passed up to a run's spacing
         fewer), and since ties go to the lowest columns the ``k`` selected stay among them.
-        ``scols``: the sampled keys' columns (int32, row-relative)."""
+        ``skeys`` is :func:`_row_sample`'s tile: ``NP`` runs of ``PIECE`` slots, run ``j``
+        in the row's columns ``[j * spread, (j + 1) * spread)``."""
         stop = rank + (rank.to(tl.float32) * SLACK).to(tl.int32)
         x = _search(skeys, rank, -2147483648, 2147483647, stop, LOW_BIT)
         tcol = tl.full((), 2147483647, tl.int32)
@@ -447,8 +449,13 @@ if triton is not None:
             x = _search(skeys, rank, x, x | ((1 << LOW_BIT) - 1), rank, 0)
             if tl.sum((skeys >= x).to(tl.int32), axis=0) > rank:
                 need = rank - tl.sum((skeys > x).to(tl.int32), axis=0)
-                tcol = -_search(tl.where(skeys == x, -scols - 1, -2147483648), need, -length, -1, need, 0) - 1
-                tcol = (tcol // spread + 1) * spread - 1
+                # run j of the sample lies in columns [j * spread, (j + 1) * spread): the cut
+                # ends the run that holds the need-th tied key, found from the runs' tie
+                # counts in column order
+                tied = tl.reshape((skeys == x).to(tl.int32), (NP, PIECE))
+                upto = tl.cumsum(tl.sum(tied, axis=1), axis=0)
+                run = tl.min(tl.where(upto >= need, tl.arange(0, NP), NP), axis=0)
+                tcol = (run + 1) * spread - 1
         if x > 0x7F800000:
             # among the NaNs' keys: +inf's, every column (see _sample_threshold)
             x = tl.full((), 0x7F800000, tl.int32)
@@ -774,9 +781,47 @@ if triton is not None:
                     _count_left_out(hist, v, origin, sel & (pos >= WCAP))
 
     @triton.jit
+    def _stage_publish(stage, scnt, cand, ctr, hist, t, W: tl.constexpr, BW: tl.constexpr, SWCAP: tl.constexpr,
+                       ROOM: tl.constexpr, HIST: tl.constexpr):
+        """A split row's slice, filtered into ``W`` staged lists of ``SWCAP`` slots at
+        ``stage`` (keys a list passed at ``scnt[w]``, counting on past ``SWCAP``), appended
+        to the row's one list ``cand`` of ``ROOM`` slots: one atomic add on its counter
+        ``ctr`` takes the slots, ``ctr + 1`` counts the keys. A staged list that overflowed
+        makes the row's list overflow too (its counter pushed past ``ROOM``), and this slice
+        marks the slots it leaves empty below ``ROOM`` (value -inf, column -1), so that every
+        slot under the room holds a key or an empty mark. With ``HIST`` the keys past the
+        room go to the row's histogram ``hist`` (bins from ``t``'s key block), as the staged
+        lists' overflow did."""
+        wr = tl.arange(0, W)
+        passed = tl.load(scnt + wr)
+        kept = tl.minimum(passed, SWCAP)
+        keys = tl.sum(passed, axis=0)
+        slots = tl.sum(kept, axis=0)
+        over = tl.max(passed, axis=0) > SWCAP
+        if keys > 0:
+            at = tl.atomic_add(ctr, slots + tl.where(over, ROOM + 1, 0))
+            tl.atomic_add(ctr + 1, keys)
+            before = tl.cumsum(kept, axis=0) - kept
+            origin = _key_block(t)
+            for j0 in range(0, tl.max(kept, axis=0), BW):
+                j = j0 + tl.arange(0, BW)
+                m = j[None, :] < kept[:, None]
+                x = tl.load(stage + wr[:, None] * SWCAP + j[None, :], mask=m, other=0)
+                pos = at + before[:, None] + j[None, :]
+                tl.store(cand + pos, x, mask=m & (pos < ROOM))
+                if HIST:
+                    if at + slots > ROOM:
+                        _count_left_out(hist, x.to(tl.int32).to(tl.float32, bitcast=True), origin, m & (pos >= ROOM))
+            if over:
+                # (rare) this slice's slots end the list: the rest of the room is marked empty
+                for e0 in range(at + slots, ROOM, BW * W):
+                    e = e0 + tl.arange(0, BW * W)
+                    tl.store(cand + e, tl.full((BW * W,), _HOLE, tl.int64), mask=e < ROOM)
+
+    @triton.jit
     def filter_kernel(
         logits_ptr, starts_ptr, lengths_ptr, cand_ptr, cand32_ptr, cnt_ptr, thr_ptr, tcol_ptr, thr2_ptr, out_ptr,
-        ctl_ptr, wpos_ptr, stats_ptr, rows, stride_lm, stride_om, sample_min, hist_ptr,
+        ctl_ptr, wpos_ptr, stats_ptr, rows, stride_lm, stride_om, sample_min, hist_ptr, stage_ptr,
         K: tl.constexpr,
         W: tl.constexpr,
         BW: tl.constexpr,
@@ -811,6 +856,7 @@ if triton is not None:
         RETRY_FROM: tl.constexpr = 0,
         HIST: tl.constexpr = False,
         RUN: tl.constexpr = 0,
+        STAGE: tl.constexpr = False,
     ):
         """Rows longer than ``WHOLE`` (and at least ``sample_min``): the threshold
         ``(thr[row], tcol[row])`` (:func:`_sample_cut`) and the keys at or above it in lists
@@ -866,8 +912,9 @@ if triton is not None:
                         t = tl.load(thr_ptr + row)
                         tc = tl.load(tcol_ptr + row)
                     else:
-                        t, tc = _sample_cut(_sample_keys(base, sidx, smask), sidx,
-                                            _run_rank(K, s, length, SIGMAS, PIECE), length, spread, SLACK, LOW_BIT)
+                        t, tc = _sample_cut(_sample_keys(base, sidx, smask),
+                                            _run_rank(K, s, length, SIGMAS, PIECE), length, spread, SLACK, LOW_BIT,
+                                            NP, PIECE)
                     total = _filter_range(base, 0, length, cand, cnt_ptr + row * W, t, tc, hist, W, BW, WCAP, BALLOT,
                                           DEPTH, False, DEAL, HIST)
                     # too few keys passed (rare): once more, twice as many sigmas deep into
@@ -882,9 +929,9 @@ if triton is not None:
                             t = tl.load(thr2_ptr + row)
                             tc = tl.load(thr2_ptr + rows + row)
                         else:
-                            t, tc = _sample_cut(_sample_keys(base, sidx, smask), sidx,
+                            t, tc = _sample_cut(_sample_keys(base, sidx, smask),
                                                 _run_rank(K, s, length, 2 * SIGMAS, 2 * PIECE), length, spread, SLACK,
-                                                LOW_BIT)
+                                                LOW_BIT, NP, PIECE)
                         if HIST:
                             # a list that overflowed with fewer than K keys in all (more lists
                             # than K / WCAP) counted keys from the first threshold's bins
@@ -909,8 +956,19 @@ if triton is not None:
                                        tl.load(thr_ptr + row), tl.load(tcol_ptr + row), hist, WCAP, STEP, HIST)
                     else:
                         if lo < hi:
-                            _filter_range(base, lo, hi, cand, ctr, tl.load(thr_ptr + row), tl.load(tcol_ptr + row),
-                                          hist, W, BW, WCAP, BALLOT, DEPTH, True, False, HIST, RUN)
+                            t = tl.load(thr_ptr + row)
+                            if STAGE:
+                                # the slice's keys in lists of its own, one a warp as a whole
+                                # row's (no atomic while it streams), then copied to the row's
+                                # list at slots taken by one atomic add
+                                stage = stage_ptr + unit * (CAP + W)
+                                scnt = (stage + CAP).to(tl.pointer_type(tl.int32))
+                                _filter_range(base, lo, hi, stage, scnt, t, tl.load(tcol_ptr + row), hist, W, BW,
+                                              CAP // W, BALLOT, DEPTH, False, False, HIST)
+                                _stage_publish(stage, scnt, cand, ctr, hist, t, W, BW, CAP // W, WCAP, HIST)
+                            else:
+                                _filter_range(base, lo, hi, cand, ctr, t, tl.load(tcol_ptr + row), hist, W, BW, WCAP,
+                                              BALLOT, DEPTH, True, False, HIST, RUN)
                         # every warp's count of keys listed before the slice counts as done
                         tl.debug_barrier()
                         if tl.atomic_add(done, 1) == SL - 1:
@@ -1011,7 +1069,8 @@ if triton is not None:
             si = tl.arange(0, NP * PIECE)
             sidx, smask, s, spread = _row_sample(length, si // PIECE, si % PIECE, NP, PIECE, SPARSE, JITTER)
             skeys = _sample_keys(base, sidx, smask)
-            t, tc = _sample_cut(skeys, sidx, _run_rank(K, s, length, SIGMAS, PIECE), length, spread, SLACK, LOW_BIT)
+            t, tc = _sample_cut(skeys, _run_rank(K, s, length, SIGMAS, PIECE), length, spread, SLACK, LOW_BIT,
+                                NP, PIECE)
             tl.store(thr_ptr + row, t)
             tl.store(tcol_ptr + row, tc)
             # the retry's, twice as many sigmas deep (a filter program's own sample of a long
@@ -1020,8 +1079,8 @@ if triton is not None:
             # can retry: split rows, whole rows shorter than RETRY_FROM (0: every row)
             if SECOND:
                 if (length < RETRY_FROM) | (RETRY_FROM == 0) | (SL > 1):
-                    t2, tc2 = _sample_cut(skeys, sidx, _run_rank(K, s, length, 2 * SIGMAS, 2 * PIECE), length, spread,
-                                          0.5, 16)
+                    t2, tc2 = _sample_cut(skeys, _run_rank(K, s, length, 2 * SIGMAS, 2 * PIECE), length, spread,
+                                          0.5, 16, NP, PIECE)
                     # never above the first: the two searches stop at different slacks, and a split
                     # row's select takes this one as the least of its candidates
                     above = (t2 > t) | ((t2 == t) & (tc2 < tc))

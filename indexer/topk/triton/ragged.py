@@ -30,8 +30,9 @@ pass, the pass runs once more with the retry's threshold. Few long rows (``slice
 :func:`auto_slices`) are split into slices of whole blocks, a program each, all appending
 to the row's one list: each warp takes runs of ``split_run`` slots from the row's atomic
 counter and fills them (:func:`_shared_append`), so it waits on the counter only once a
-run; slots a run leaves unused are marked empty and counted apart from the keys listed.
-Such rows retry in a launch of their own that appends only the keys between the two
+run; slots a run leaves unused are marked empty and counted apart from the keys listed
+(``split_stage``: each program stages per-warp lists instead and copies them at the end of
+its slice, :func:`_stage_publish`). Such rows retry in a launch of their own that appends only the keys between the two
 thresholds.
 
 *Select* (one program per row). The candidates (or the whole row, when it fits the tile)
@@ -213,6 +214,11 @@ class RaggedTopk:
         else:
             # (int32 slots past the lists: counters, thresholds, ctl, then a histogram a row)
             self.scratch_numel = rows * cap + (rows * (self.counters + 7 + SEED_BINS) + 7) // 2
+            # a split row's programs stage their lists past that: cap slots and a count a
+            # warp each (split_stage)
+            self.at_stage = self.scratch_numel
+            if self.plan.filter.get("STAGE"):
+                self.scratch_numel += rows * self.plan.filter["SL"] * (cap + num_warps)
         self.buf = None
 
     def bind(self, scratch: torch.Tensor) -> None:
@@ -248,6 +254,8 @@ class RaggedTopk:
         self.ctl = At(cand32, at_wpos + rows, base)
         self.at_hist = at_hist = at_wpos + 3 * rows + 6
         self.hist = At(cand32, at_hist, base)
+        # (no staging: a placeholder the kernel never reads)
+        self.stage = At(scratch, self.at_stage if self.plan.filter.get("STAGE") else 0, scratch.data_ptr())
         self._bind_launches()
 
     def _bind_launches(self) -> None:
@@ -272,7 +280,7 @@ class RaggedTopk:
             launches.append((rows, SAMPLE_LAUNCHER.bind(args, sample_kw, index, direct, (0, 10)), (0, 2)))
         units = _programs(device, rows * filter_kw["SL"], programs_per_sm)
         filter_args = (0, starts, lens, buf, cand32, counts, thr, tcol, thr2, 0, ctl, wpos, stats, rows, 0, 0,
-                       sample_min, hist)
+                       sample_min, hist, self.stage)
         for kw in (filter_kw, retry_kw):
             if kw is not None:
                 launches.append((units, FILTER_LAUNCHER.bind(filter_args, kw, index, direct, (0, 9, 14, 15)), (0, 1, 2, 3)))
