@@ -158,7 +158,7 @@ class TopkConfig:
             them to the row's list at the end of the slice, at slots taken by one atomic add
             a program: no atomic while they stream, no empty slots (``split_run`` unused).
             Off: on an H100 it took 0.80-0.93x the time of runs of 8 on Gaussian, sink and
-            stripes rows at 64K-128K keys, but 1.05-1.22x where a row's candidates sit in one
+            stripes rows at 64K-128K keys, but 1.03-1.22x where a row's candidates sit in one
             slice (ramps, ties cut by column) or at 2M keys (docs/benchmarks.md, "Split rows:
             staged lists").
         radix_bits: Bits of the key resolved per pass of the fallback path (1, 2, 4 or 8).
