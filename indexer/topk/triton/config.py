@@ -499,7 +499,6 @@ def seeds_fallback(device: torch.device, config: TopkConfig, rows: int, slices: 
     return rows * slices <= _sm_count(device) * per_sm
 
 
-@functools.lru_cache(maxsize=None)
 def split_stage_bytes(device: torch.device, topk: int, rows: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
     """Bytes of the lists that split rows' filter programs stage (``split_stage``) in chunks
     of ``rows`` rows of ``width`` keys (int64 tensors), with ``device``'s launch config: where
@@ -515,6 +514,7 @@ def split_stage_bytes(device: torch.device, topk: int, rows: torch.Tensor, width
     return torch.where(split, half * (cap + c.num_warps) * 8, 0)
 
 
+@functools.lru_cache(maxsize=None)
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
