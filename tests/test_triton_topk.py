@@ -299,6 +299,32 @@ def test_a_split_rows_staged_list_that_overflows_sends_the_row_to_the_fallback()
     assert _check(vals.to(DEVICE), vals, starts, lengths, topk, **kw)[TC.STAT_PLAIN] == 2
 
 
+@pytest.mark.parametrize("n", [3000, 6000, 20000])
+def test_a_tied_threshold_is_cut_at_the_end_of_the_sample_run_holding_its_rank(n):
+    # every key equal: the threshold is that key and the column cut ends the sample run
+    # (run j in columns [j * spread, (j + 1) * spread)) that holds the rank-th sampled key,
+    # the rank from the sample's size as _run_rank gives it
+    import numpy as np
+
+    topk, rows = 24, 2
+    dev = torch.device(DEVICE)
+    run = T.RaggedTopk(dev, rows, n, torch.zeros(rows, dtype=torch.int64, device=dev),
+                       torch.full((rows,), n, dtype=torch.int64, device=dev), topk,
+                       config=_cfg(presample=True, cap=4096, **SMALL_SAMPLE))
+    out = torch.empty(rows, topk, dtype=torch.int32, device=dev)
+    run(torch.full((rows, n), 0.5, device=dev), out)
+    assert torch.equal(out.sort(1).values.cpu(), torch.arange(topk, dtype=torch.int32).expand(rows, topk))
+    kw = run.plan.sample
+    runs = min(max(n // (kw["SPARSE"] * kw["PIECE"]), 1), kw["NP"])
+    spread, plen = n // runs, min(n // runs, kw["PIECE"])
+    mu = np.float32(topk) * np.float32(runs * plen) / np.float32(n)
+    rank = min(int(max(mu + np.float32(kw["SIGMAS"]) * np.sqrt(mu), mu + np.float32(kw["PIECE"])) + np.float32(1)),
+               runs * plen)
+    want = ((rank - 1) // plen + 1) * spread - 1
+    tcol = run.cand32[run.tcol.offset: run.tcol.offset + rows].cpu()
+    assert tcol.tolist() == [want] * rows, (tcol.tolist(), want, rank, spread, plen)
+
+
 @pytest.mark.parametrize("slices", [1, 4])
 def test_a_tie_larger_than_the_scratch_keeps_the_sampled_path(slices):
     # a tie at the threshold with ten times the scratch's keys (zeros, and 5 larger keys):
