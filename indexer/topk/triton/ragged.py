@@ -32,8 +32,8 @@ to the row's one list: each warp takes runs of ``split_run`` slots from the row'
 counter and fills them (:func:`_shared_append`), so it waits on the counter only once a
 run; slots a run leaves unused are marked empty and counted apart from the keys listed
 (``split_stage``: each program stages per-warp lists instead and copies them at the end of
-its slice, :func:`_stage_publish`). Such rows retry in a launch of their own that appends only the keys between the two
-thresholds.
+its slice, :func:`_stage_publish`). Such rows retry in a launch of their own that appends
+only the keys between the two thresholds.
 
 *Select* (one program per row). The candidates (or the whole row, when it fits the tile)
 sit in registers; the k-th key is found by regula falsi on counts (``count(key >= x) >=
@@ -215,9 +215,11 @@ class RaggedTopk:
             # (int32 slots past the lists: counters, thresholds, ctl, then a histogram a row)
             self.scratch_numel = rows * cap + (rows * (self.counters + 7 + SEED_BINS) + 7) // 2
             # a split row's programs stage their lists past that: cap slots and a count a
-            # warp each (split_stage)
-            self.at_stage = self.scratch_numel
-            if self.plan.filter.get("STAGE"):
+            # warp each (split_stage); without staging the kernel gets a placeholder it never
+            # reads (the scratch's start)
+            self.at_stage = 0
+            if self.plan.filter["STAGE"]:
+                self.at_stage = self.scratch_numel
                 self.scratch_numel += rows * self.plan.filter["SL"] * (cap + num_warps)
         self.buf = None
 
@@ -254,8 +256,7 @@ class RaggedTopk:
         self.ctl = At(cand32, at_wpos + rows, base)
         self.at_hist = at_hist = at_wpos + 3 * rows + 6
         self.hist = At(cand32, at_hist, base)
-        # (no staging: a placeholder the kernel never reads)
-        self.stage = At(scratch, self.at_stage if self.plan.filter.get("STAGE") else 0, scratch.data_ptr())
+        self.stage = At(scratch, self.at_stage, scratch.data_ptr())
         self._bind_launches()
 
     def _bind_launches(self) -> None:
