@@ -107,3 +107,26 @@ def test_bench_topk_dist_fallback_times_every_row_on_the_fallback(tmp_path, cpu_
     rows = [r for r in json.loads(out.read_text())["dist"] if r["method"] == "triton, every row on the fallback"]
     assert [r["dist"] for r in rows] == ["gaussian", "stripes"], rows
     assert all(r["same"] == 1.0 and r["ms"] > 0 for r in rows), rows
+
+
+def test_bench_topk_dist_vs_times_each_config_change_beside_the_shipped_config(tmp_path, cpu_interpreter):
+    # `--dist-vs`: a row per change (and the shipped config again, as a control), every one
+    # checked against the torch path's sets
+    import json
+
+    out = tmp_path / "dist.json"
+    res = _run("bench", "topk", "--device", "cpu", "--dist", "equal", "--context", "600", "--dist-rows", "3",
+               "--topk", "16", "--repeats", "1", "--check-rows", "3", "--dist-vs", "sigmas=3.0;prefetch=1,slices=2",
+               "--json", str(out), env={"TRITON_INTERPRET": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    methods = [r["method"] for r in json.loads(out.read_text())["dist"]]
+    assert methods[-3:] == ["triton, sigmas=3.0", "triton, prefetch=1,slices=2", "triton, again"], methods
+    assert all(r["same"] == 1.0 for r in json.loads(out.read_text())["dist"] if r["method"] != "torch.topk")
+
+
+@pytest.mark.parametrize("vs,named", [("sigmas", "'sigmas'"), ("no_such_field=1", "no_such_field"),
+                                       ("prefetch=7", "prefetch must be 1, 2 or 3")])
+def test_bench_topk_dist_vs_refuses_a_bad_change_before_timing(vs, named):
+    res = _run("bench", "topk", "--device", "cpu", "--dist", "equal", "--context", "600", "--dist-rows", "3",
+               "--dist-vs", vs)
+    assert res.returncode != 0 and named in res.stderr, res.stderr

@@ -39,7 +39,7 @@ nvidia = pytest.mark.skipif(not _has_backend("nvidia"), reason="this Triton has 
 
 #: Each architecture's fp8 (Triton's names): e4m3fnuz on MI300, e4m3fn (OCP) on MI355.
 FP8 = {"gfx942": "fp8e4b8", "gfx950": "fp8e4nv"}
-_OPTIONS = ("num_warps", "num_stages", "maxnreg")
+_OPTIONS = ("num_warps", "num_stages", "maxnreg", "launch_pdl")
 
 
 def _build(fn, signature: dict, kwargs: dict, target):
@@ -254,6 +254,19 @@ def _nvidia_topk_kernels(slices: int) -> None:
     assert stores is None or (stores and not any(stores)), stores
     _nvidia_compile(TK.sample_kernel, _SAMPLE_SIG, seeded[3], ())
     _nvidia_compile(TK.select_kernel, _SELECT_SIG, seeded[6][0][1], ())
+    # programmatic dependent launch (pdl, planned only on a GPU that has it): each kernel
+    # waits for the launch before it, then lets the next one be placed
+    gdc = ("griddepcontrol.wait", "griddepcontrol.launch_dependents")
+    launches = ((TK.sample_kernel, _SAMPLE_SIG, sample_kw), (TK.filter_kernel, _FILTER_SIG, filter_kw),
+                *((TK.select_kernel, _SELECT_SIG, kw) for _, kw in selects),
+                (TK.fallback_kernel, _FALLBACK_SIG, fallback_kw))
+    for fn, sig, kw in launches:
+        assert kw["PDL"] == 0 and "launch_pdl" not in kw
+        assert not any(op in _nvidia_compile(fn, sig, kw, ()).asm["ptx"] for op in gdc)
+        _nvidia_compile(fn, sig, dict(kw, PDL=1, launch_pdl=True), gdc)
+    if slices == 1:
+        row_kw = _topk_plan(TC.CONFIGS["sm90"], 16384).row
+        _nvidia_compile(TK.row_kernel, _ROW_SIG, dict(row_kw, PDL=1, launch_pdl=True), gdc)
     if slices == 1:
         # the row kernel (row_max): 8K-key rows at 8 warps uncapped, 16K-key rows at 16 warps
         # capped at 64 registers; its write by warp ballots, and no spill in the write's loop

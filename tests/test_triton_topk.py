@@ -1629,3 +1629,74 @@ def test_ragged_topk_object_reads_its_row_vectors_in_place_and_refuses_what_it_w
     run(logits, got)
     row_topk(masked, starts.cpu(), lengths.cpu(), 24, want, sync_free=True)  # reads only the new windows
     assert torch.equal(got.cpu().sort(1).values, want.sort(1).values)
+
+
+def test_launches_wait_for_the_one_before_only_where_the_device_has_programmatic_dependent_launch():
+    # a CPU (or AMD) device plans no PDL and refuses pdl=True before any kernel runs, naming it
+    cpu = torch.device("cpu")
+    plan = TC.plan_launches(cpu, TC.DEFAULT_CONFIG, 256, 40000, 4, False)
+    kws = [plan.sample, plan.filter, plan.retry, plan.fallback, *(kw for _, kw in plan.selects)]
+    assert all(kw["PDL"] == 0 and "launch_pdl" not in kw for kw in kws)
+    assert not TC.pdl_supported(cpu)
+    with pytest.raises(ValueError, match="pdl=True"):
+        TC.plan_launches(cpu, dataclasses.replace(TC.DEFAULT_CONFIG, pdl=True), 256, 40000, 4, False)
+    logits = torch.randn(2, 600)
+    out = torch.full((2, 16), 7, dtype=torch.int32)
+    with pytest.raises(ValueError, match="pdl=True"):
+        T.ragged_topk(logits, torch.zeros(2, dtype=torch.int64), torch.full((2,), 600), 16, out,
+                      config=dataclasses.replace(TC.DEFAULT_CONFIG, pdl=True))
+    assert (out == 7).all()
+
+
+@pytest.mark.parametrize("field,bad", [("pdl", 1), ("pdl", "yes"), ("pdl_trigger", "end"), ("sample_warps", 3),
+                                       ("sample_warps", 32), ("sample_warps", 0)])
+def test_a_bad_launch_field_is_refused(field, bad):
+    with pytest.raises(ValueError, match=field):
+        dataclasses.replace(TC.DEFAULT_CONFIG, **{field: bad})
+
+
+def test_the_sample_kernel_gives_split_rows_more_threads():
+    # 32 sampled keys a thread for whole rows, 16 for split rows (few rows: the search's chain
+    # of reductions is their sample's time), at most 16 warps; a given sample_warps stands
+    cpu = torch.device("cpu")
+    config = dataclasses.replace(TC.DEFAULT_CONFIG, presample=True)
+    warps = {(n, sl): TC.plan_launches(cpu, config, 2048, n, sl, False).sample["num_warps"]
+             for n, sl in ((65536, 1), (65536, 4), (131072, 1), (131072, 8), (1 << 20, 8))}
+    assert warps == {(65536, 1): 2, (65536, 4): 4, (131072, 1): 4, (131072, 8): 8, (1 << 20, 8): 16}
+    fixed = dataclasses.replace(config, sample_warps=2)
+    assert TC.plan_launches(cpu, fixed, 2048, 131072, 8, False).sample["num_warps"] == 2
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dist", ["gaussian", "equal", "few_distinct", "stripes"])
+def test_programmatic_dependent_launch_selects_the_same_table_eagerly_and_from_a_graph(dist):
+    # where the GPU has PDL the shipped config launches with it: every way (PDL off, on and
+    # triggering at exit; whole rows and split rows; eagerly and replayed from a CUDA graph)
+    # writes the same table, the torch path's sets
+    dev = torch.device("cuda")
+    if not TC.pdl_supported(dev):
+        pytest.skip("this GPU or Triton has no programmatic dependent launch")
+    for rows, n in ((64, 65536), (600, 20000)):
+        logits = logits_like(dist, rows, n, seed=rows).to(dev)
+        starts = torch.zeros(rows, dtype=torch.int64, device=dev)
+        lengths = torch.arange(n - rows + 1, n + 1, device=dev)
+        want = torch.empty(rows, 2048, dtype=torch.int32, device=dev)
+        row_topk(logits, starts, lengths, 2048, want)
+        want = want.sort(1).values
+        shipped = T.RaggedTopk(dev, rows, n, starts, lengths, 2048)
+        assert shipped.plan.filter["PDL"] == 1 and shipped.plan.filter["launch_pdl"]
+        ways = [shipped] + [T.RaggedTopk(dev, rows, n, starts, lengths, 2048,
+                                         config=dataclasses.replace(TC.launch_config(dev), **change))
+                            for change in (dict(pdl=False), dict(pdl_trigger="exit"))]
+        for run in ways:
+            got = torch.full((rows, 2048), 7, dtype=torch.int32, device=dev)
+            run(logits, got)
+            assert torch.equal(got.sort(1).values, want)
+            got.fill_(7)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                run(logits, got)
+            got.fill_(7)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(got.sort(1).values, want)

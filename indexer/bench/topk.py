@@ -71,6 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dist-fallback", action="store_true",
                    help="--dist also times each point with every row sent to the fallback path (sample_min past "
                         "the row length): the Triton top-k's worst case")
+    p.add_argument("--dist-vs", default=None,
+                   help="--dist also times the Triton top-k with these TopkConfig changes, side by side with the "
+                        "shipped config (timed again after them as a control): changes separated by ';', each "
+                        "'field=value[,field=value]', e.g. 'pdl=False;split_stage=True'")
     p.add_argument("--max-gib", type=float, default=64.0,
                    help="--dist skips an M x N whose logits exceed this many GiB")
     p.add_argument("--check-rows", type=non_negative_int, default=64,
@@ -317,6 +321,36 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def config_changes(text: str | None) -> list[tuple[str, dict]]:
+    """``--dist-vs``: ``'a=1,b=x;c=None'`` -> ``[('a=1,b=x', {'a': 1, 'b': 'x'}), ('c=None',
+    {'c': None})]`` (values read as Python literals, else kept as strings), each checked
+    against :class:`~indexer.topk.triton.config.TopkConfig`'s fields.
+
+    Raises:
+        SystemExit: an item without ``=`` or a field TopkConfig does not have.
+    """
+    import ast
+
+    from ..topk.triton.config import TopkConfig
+
+    fields = {f.name for f in dataclasses.fields(TopkConfig)}
+    out = []
+    for group in filter(None, (g.strip() for g in (text or "").split(";"))):
+        changes = {}
+        for item in filter(None, (i.strip() for i in group.split(","))):
+            name, eq, value = item.partition("=")
+            name = name.strip()
+            if not eq or name not in fields:
+                raise SystemExit(f"--dist-vs: {item!r} is not field=value for a TopkConfig field "
+                                 f"({', '.join(sorted(fields))})")
+            try:
+                changes[name] = ast.literal_eval(value.strip())
+            except (ValueError, SyntaxError):
+                changes[name] = value.strip()
+        out.append((group, changes))
+    return out
+
+
 def distributions(args: argparse.Namespace, device: torch.device, bw: float | None, extra: dict | None = None,
                   ) -> list[dict]:
     """``--dist``: torch.topk and the Triton top-k side by side on each distribution, N and M
@@ -328,6 +362,14 @@ def distributions(args: argparse.Namespace, device: torch.device, bw: float | No
     for name in names:
         if name not in LOGIT_DISTRIBUTIONS:
             raise SystemExit(f"--dist: {name!r} is not one of {', '.join(LOGIT_DISTRIBUTIONS)}")
+    from ..topk.triton.config import DEFAULT_CONFIG
+
+    for label, changes in config_changes(args.dist_vs):
+        # a bad value stops the run before any timing, naming the field
+        try:
+            dataclasses.replace(DEFAULT_CONFIG, **changes)
+        except ValueError as exc:
+            raise SystemExit(f"--dist-vs {label}: {exc}") from None
     k = args.topk
     out_rows: list[dict] = []
     cols = [("dist", "logits", "s"), ("N", "keys N", "d"), ("M", "rows M", "d"), ("method", "top-k", "s"),
@@ -427,6 +469,12 @@ def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float
         unsplit = dataclasses.replace(topk_config.launch_config(device), fallback_split=0)
         found.append(add("triton, fallback unsplit", lambda: ragged.ragged_topk(logits, starts, lengths, k, out,
                                                                                     config=unsplit)))
+    for label, changes in config_changes(args.dist_vs):
+        changed = dataclasses.replace(topk_config.launch_config(device), **changes)
+        found.append(add(f"triton, {label}", lambda changed=changed: ragged.ragged_topk(logits, starts, lengths, k, out,
+                                                                                       config=changed)))
+    if args.dist_vs:
+        found.append(add("triton, again", lambda: ragged.ragged_topk(logits, starts, lengths, k, out), note))
     if args.dist_fallback:
         forced = dataclasses.replace(topk_config.launch_config(device), sample_min=n + 1)
         found.append(add("triton, every row on the fallback", lambda: ragged.ragged_topk(logits, starts, lengths, k,

@@ -243,6 +243,12 @@ class TopkConfig:
             registers than the streaming cap leaves (H200, Triton 3.6: at 32 the loop spilled
             5-10 words a step and the top-k took 1.55-1.73x its time on rows that never
             overflow; at 48 nothing, docs/topk.md).
+        pdl: Launch every kernel with programmatic dependent launch: a launch's programs
+            may be placed on the SMs while the launch before it still runs, and wait there
+            (``griddepcontrol.wait``) until it has finished, so the GPU does not idle
+            between the call's launches. ``None``: where :func:`pdl_supported`.
+        sample_warps: Warps of the sample kernel (a power of two up to 16). ``None``: 32 of
+            its keys a thread, 16 where rows are split (``slices > 1``), 1-16 warps.
     """
 
     num_warps: int = 4
@@ -293,12 +299,15 @@ class TopkConfig:
     row_maxnreg: int | None = None
     row_sigmas: float = 2.0
     row_keys_per_sm: int | None = None
+    pdl: bool | None = None
+    sample_warps: int | None = None
+    pdl_trigger: str = "start"
 
     def __post_init__(self) -> None:
         for name in ("fused", "tile_write", "dynamic", "ballot_write", "sample_jitter", "filter_deal"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        for name in ("presample", "ballot", "fallback_ballot", "fallback_seed"):
+        for name in ("presample", "ballot", "fallback_ballot", "fallback_seed", "pdl"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{name} must be True, False or None, got {value!r}")
@@ -320,6 +329,11 @@ class TopkConfig:
             raise ValueError(f"row_max must be 0 or a power of two of at most 65536, got {self.row_max!r}")
         if not (isinstance(self.row_sigmas, numbers.Real) and self.row_sigmas > 0):
             raise ValueError(f"row_sigmas must be positive, got {self.row_sigmas!r}")
+        if self.pdl_trigger not in ("start", "exit"):
+            raise ValueError(f"pdl_trigger must be 'start' or 'exit', got {self.pdl_trigger!r}")
+        if self.sample_warps is not None and not (_int(self.sample_warps) and _pow2(self.sample_warps)
+                                                  and self.sample_warps <= 16):
+            raise ValueError(f"sample_warps must be None or a power of two of at most 16, got {self.sample_warps!r}")
         if self.row_keys_per_sm is not None and not (_int(self.row_keys_per_sm) and self.row_keys_per_sm >= 1):
             raise ValueError(f"row_keys_per_sm must be None or an int of at least 1, got {self.row_keys_per_sm!r}")
         if not (_int(self.sample_min) and self.sample_min >= 0):
@@ -544,6 +558,37 @@ def is_nvidia(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None
 
 
+@functools.lru_cache(maxsize=None)
+def _triton_pdl() -> bool:
+    # the CUDA backend takes a launch_pdl option (Triton 3.3+) and the language has
+    # griddepcontrol
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        from triton.language.extra import cuda
+    except Exception:  # noqa: BLE001 - no Triton or no CUDA backend: no PDL
+        return False
+    fields = getattr(CUDAOptions, "__dataclass_fields__", {})
+    return "launch_pdl" in fields and hasattr(cuda, "gdc_wait") and hasattr(cuda, "gdc_launch_dependents")
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Whether the top-k's kernels can be launched on ``device`` with programmatic dependent
+    launch (``TopkConfig.pdl``): an NVIDIA GPU of compute capability 9.0 or later (Hopper's
+    ``griddepcontrol``) and a Triton whose CUDA launcher takes ``launch_pdl``."""
+    if device.type != "cuda" or not is_nvidia(device):
+        return False
+    arch = _arch(device)
+    return arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= 90 and _triton_pdl()
+
+
+def _with_pdl(kw: LaunchKw | None, pdl: int) -> LaunchKw | None:
+    # every launch of a call carries the same PDL constexpr (so that a direct launch finds
+    # every constexpr in its keywords) and, where on, the launcher option
+    if kw is None:
+        return None
+    return LaunchKw(kw, PDL=pdl, **(dict(launch_pdl=True) if pdl else {}))
+
+
 def _ballot_ok(device: torch.device, num_warps: int, filter_block: int) -> bool:
     # the PTX ballot needs NVIDIA and four keys a thread in the filtering pass
     return is_nvidia(device) and filter_block == num_warps * 128
@@ -607,6 +652,11 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
     c = config
     num_warps, filter_block, piece = c.num_warps, c.filter_block, c.piece
     presample, fused = c.presample, c.fused
+    if c.pdl and not pdl_supported(device):
+        raise ValueError(f"pdl=True needs an NVIDIA GPU of compute capability 9.0+ and a Triton with launch_pdl, "
+                         f"got {device}")
+    pdl = pdl_supported(device) if c.pdl is None else c.pdl
+    pdl = (1 if c.pdl_trigger == "start" else 2) if pdl else 0
     if slices > 1:
         # a split row's programs share one threshold, from the sample kernel, and no program
         # sees the whole row to select it
@@ -662,7 +712,7 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
                           SIGMAS=float(c.row_sigmas), SLACK=float(c.sample_slack), CH=chunk,
                           WB=bool(c.ballot_write) and chunk % (128 * warps) == 0, STATS=has_stats,
                           num_warps=warps, **(dict(maxnreg=c.row_maxnreg) if capped else {}))
-        return LaunchPlan(c.programs_per_sm, num_warps, cap, None, None, None, (), None, row_kw)
+        return LaunchPlan(c.programs_per_sm, num_warps, cap, None, None, None, (), None, _with_pdl(row_kw, pdl))
     if presample is None:
         # the sample kernel's larger sample for rows longer than the filter's own serves
         presample = not fused and runs > c.pieces
@@ -700,17 +750,24 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
         **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
     sample_kw = None
     if presample:
-        # up to 16 warps, 32 keys a thread at SAMPLE_MAX
+        sample_warps = c.sample_warps
+        if sample_warps is None:
+            # 32 keys a thread (16 at SAMPLE_MAX's 16 warps); split rows are few, a sample
+            # program or so an SM, so their chain of block reductions is cut by more threads:
+            # 16 keys a thread
+            sample_warps = max(1, min(16, runs * piece // (512 if slices > 1 else 1024)))
         sample_kw = LaunchKw(K=topk, NP=runs, PIECE=piece, SPARSE=c.sparse, SIGMAS=float(c.sigmas),
                              SLACK=float(c.sample_slack), LOW_BIT=c.sample_low_bit, WHOLE=tile, SL=slices,
                              SECOND=second, RETRY_FROM=retry_from, JITTER=c.sample_jitter, HIST=seed,
-                             num_warps=max(1, min(16, runs * piece // 1024)))
+                             num_warps=sample_warps)
     # split rows retry in a launch of their own (rows strided over its programs)
     retry_kw = LaunchKw(filter_kw, RETRY=True, DYNAMIC=False) if slices > 1 else None
     selects = select_launches(common, tile, cap, c.select_warps, fused, c.tile_write, c.select_maxnreg,
                                c.ballot_write, c.fallback_split if fallback_kw is not None else 0,
                                fallback_kw["BUF"] if seed else None, bool(count_seeded), slices > 1)
-    return LaunchPlan(c.programs_per_sm, num_warps, cap, sample_kw, filter_kw, retry_kw, selects, fallback_kw, None)
+    return LaunchPlan(c.programs_per_sm, num_warps, cap, _with_pdl(sample_kw, pdl), _with_pdl(filter_kw, pdl),
+                      _with_pdl(retry_kw, pdl), tuple((first, _with_pdl(kw, pdl)) for first, kw in selects),
+                      _with_pdl(fallback_kw, pdl), None)
 
 
 def fallback_launch(topk: int, cap: int, n: int, split: int, slice_keys: int, count: bool = False,
@@ -780,9 +837,10 @@ def _check_stats(stats: torch.Tensor | None, device: torch.device) -> None:
 
 def select_constexprs(topk: int, lists: int, cap: int, whole: int, block: int, radix_bits: int, stats: bool) -> dict:
     """Constexprs the filter and select kernels share: ``lists`` candidate lists of ``cap //
-    lists`` slots a row, rows up to ``whole`` keys selected on the row itself (whole)."""
+    lists`` slots a row, rows up to ``whole`` keys selected on the row itself (whole); launched
+    without programmatic dependent launch unless a plan says otherwise."""
     return dict(K=topk, KP=_next_pow2(topk), W=lists, WCAP=cap // lists, WHOLE=whole, BLOCK=block,
-                RADIX_BITS=radix_bits, R=1 << radix_bits, STATS=stats)
+                RADIX_BITS=radix_bits, R=1 << radix_bits, STATS=stats, PDL=0)
 
 
 def select_launches(common: dict, tile: int, cap: int, select_warps: int, fused: bool = False,

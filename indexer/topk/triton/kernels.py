@@ -18,6 +18,11 @@ try:
 except Exception:  # noqa: BLE001 - reported by launch.is_available
     triton = None
     tl = None
+try:
+    # griddepcontrol (programmatic dependent launch): NVIDIA, Triton 3.3+
+    from triton.language.extra import cuda as _gdc
+except Exception:  # noqa: BLE001 - config.pdl_supported then says no
+    _gdc = None
 
 if triton is not None:
     # (a jit function reads module globals only as constexprs)
@@ -819,6 +824,18 @@ if triton is not None:
                     tl.store(cand + e, tl.full((BW * W,), _HOLE, tl.int64), mask=e < ROOM)
 
     @triton.jit
+    def _await_previous(PDL: tl.constexpr):
+        # programmatic dependent launch (PDL > 0): the grid may be resident while the launch
+        # before it still runs, so nothing is read or written before that launch has finished
+        # and its writes are visible; with PDL == 1 the launch after this one may then be
+        # placed at once (its programs wait the same way), with 2 only as this one's programs
+        # exit
+        if PDL > 0:
+            _gdc.gdc_wait()
+        if PDL == 1:
+            _gdc.gdc_launch_dependents()
+
+    @triton.jit
     def filter_kernel(
         logits_ptr, starts_ptr, lengths_ptr, cand_ptr, cand32_ptr, cnt_ptr, thr_ptr, tcol_ptr, thr2_ptr, out_ptr,
         ctl_ptr, wpos_ptr, stats_ptr, rows, stride_lm, stride_om, sample_min, hist_ptr, stage_ptr,
@@ -857,6 +874,7 @@ if triton is not None:
         HIST: tl.constexpr = False,
         RUN: tl.constexpr = 0,
         STAGE: tl.constexpr = False,
+        PDL: tl.constexpr = 0,
     ):
         """Rows longer than ``WHOLE`` (and at least ``sample_min``): the threshold
         ``(thr[row], tcol[row])`` (:func:`_sample_cut`) and the keys at or above it in lists
@@ -887,6 +905,7 @@ if triton is not None:
         lists have no room for go to its histogram at ``hist[row * SEED_BINS:]`` (zeroed by the
         caller; :func:`_filter_block`), from which the split fallback starts
         (``fallback_seed``, :func:`_fallback_seed`)."""
+        _await_previous(PDL)
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
         STEP: tl.constexpr = W * BW
@@ -1035,6 +1054,7 @@ if triton is not None:
         RETRY_FROM: tl.constexpr = 0,
         JITTER: tl.constexpr = False,
         HIST: tl.constexpr = False,
+        PDL: tl.constexpr = 0,
     ):
         """The filter kernel's threshold ``(thr[row], tcol[row])`` of row ``program_id`` (if
         it filters the row), at its sample's rank (:func:`_run_rank`, :func:`_sample_cut`),
@@ -1052,6 +1072,7 @@ if triton is not None:
         (program 0) ``ctl[0:5]``, and with ``HIST`` a filtered row's histogram of the keys its
         lists will have no room for (``hist[row * SEED_BINS:]``), so that the call needs no
         fill launch before it."""
+        _await_previous(PDL)
         row = tl.program_id(0).to(tl.int64)
         tl.store(wpos_ptr + row, 0)
         if SL > 1:
@@ -1462,6 +1483,7 @@ if triton is not None:
         AHEAD: tl.constexpr = 1,
         WB: tl.constexpr = False,
         ITEMS: tl.constexpr = 0,
+        PDL: tl.constexpr = 0,
     ):
         """The fallback path of the rows the first select launch queued (``ctl[3]`` of them
         at ``ctl[5 + rows:]``), each split into ``NS`` slices of ``SLICE`` keys: a radix
@@ -1485,6 +1507,7 @@ if triton is not None:
         least ``ITEMS`` items a program a pass for the rows queued (each item costs waits and
         atomics: many rows take fewer, longer items; a few rows keep the slices short, so
         that every program has work)."""
+        _await_previous(PDL)
         queued = tl.load(ctl_ptr + 3)
         g = tl.full((), 1, tl.int32)
         if ITEMS > 0:
@@ -1714,12 +1737,14 @@ if triton is not None:
         SBUF: tl.constexpr = 0,
         SEEDSTAT: tl.constexpr = False,
         SPLIT: tl.constexpr = False,
+        PDL: tl.constexpr = 0,
     ):
         """``FIRST``: one row a program, every row. Otherwise the rows a first launch queued
         (``ctl[1]`` of them at ``ctl[5:]``): program ``p`` takes entry ``p``, then pulls
         more from the counter ``ctl[2]`` (zeroed by the caller); with an empty queue every
         program leaves after one load. ``SPLIT``: the rows were split across filter programs
         (:func:`_select_row`)."""
+        _await_previous(PDL)
         pid = tl.program_id(0)
         # two call sites: the first launch as a one-row loop took 31 more registers (ptxas, sm_90a)
         if FIRST:
@@ -1753,6 +1778,7 @@ if triton is not None:
         CH: tl.constexpr,
         WB: tl.constexpr,
         STATS: tl.constexpr,
+        PDL: tl.constexpr = 0,
     ):
         """The top k of row ``program_id`` (at most ``T`` keys) in one program, with no
         scratch but the row's write counter ``wpos[row]`` (zeroed here). The row's keys are
@@ -1767,6 +1793,7 @@ if triton is not None:
         itself (a tie: equal values, a flat row, zeros). Ties at the k-th key go to the lowest
         columns (a scan of the tied keys); the indices are written by warp ballots (``WB``)
         or at a scan's positions. Counted in ``stats[3]`` (rows selected whole)."""
+        _await_previous(PDL)
         row = tl.program_id(0).to(tl.int64)
         length = tl.load(lengths_ptr + row).to(tl.int32)
         obase = out_ptr + row * stride_om
