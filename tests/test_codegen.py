@@ -261,12 +261,12 @@ def _nvidia_topk_kernels(slices: int) -> None:
                 *((TK.select_kernel, _SELECT_SIG, kw) for _, kw in selects),
                 (TK.fallback_kernel, _FALLBACK_SIG, fallback_kw))
     for fn, sig, kw in launches:
-        assert kw["PDL"] == 0 and "launch_pdl" not in kw
+        assert kw["PDL"] is False and "launch_pdl" not in kw
         assert not any(op in _nvidia_compile(fn, sig, kw, ()).asm["ptx"] for op in gdc)
-        _nvidia_compile(fn, sig, dict(kw, PDL=1, launch_pdl=True), gdc)
+        _nvidia_compile(fn, sig, dict(kw, PDL=True, launch_pdl=True), gdc)
     if slices == 1:
         row_kw = _topk_plan(TC.CONFIGS["sm90"], 16384).row
-        _nvidia_compile(TK.row_kernel, _ROW_SIG, dict(row_kw, PDL=1, launch_pdl=True), gdc)
+        _nvidia_compile(TK.row_kernel, _ROW_SIG, dict(row_kw, PDL=True, launch_pdl=True), gdc)
     if slices == 1:
         # the row kernel (row_max): 8K-key rows at 8 warps uncapped, 16K-key rows at 16 warps
         # capped at 64 registers; its write by warp ballots, and no spill in the write's loop

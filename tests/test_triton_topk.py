@@ -1636,7 +1636,7 @@ def test_launches_wait_for_the_one_before_only_where_the_device_has_programmatic
     cpu = torch.device("cpu")
     plan = TC.plan_launches(cpu, TC.DEFAULT_CONFIG, 256, 40000, 4, False)
     kws = [plan.sample, plan.filter, plan.retry, plan.fallback, *(kw for _, kw in plan.selects)]
-    assert all(kw["PDL"] == 0 and "launch_pdl" not in kw for kw in kws)
+    assert all(kw["PDL"] is False and "launch_pdl" not in kw for kw in kws)
     assert not TC.pdl_supported(cpu)
     with pytest.raises(ValueError, match="pdl=True"):
         TC.plan_launches(cpu, dataclasses.replace(TC.DEFAULT_CONFIG, pdl=True), 256, 40000, 4, False)
@@ -1648,7 +1648,7 @@ def test_launches_wait_for_the_one_before_only_where_the_device_has_programmatic
     assert (out == 7).all()
 
 
-@pytest.mark.parametrize("field,bad", [("pdl", 1), ("pdl", "yes"), ("pdl_trigger", "end"), ("sample_warps", 3),
+@pytest.mark.parametrize("field,bad", [("pdl", 1), ("pdl", "yes"), ("sample_warps", 3),
                                        ("sample_warps", 32), ("sample_warps", 0)])
 def test_a_bad_launch_field_is_refused(field, bad):
     with pytest.raises(ValueError, match=field):
@@ -1670,9 +1670,9 @@ def test_the_sample_kernel_gives_split_rows_more_threads():
 @pytest.mark.cuda
 @pytest.mark.parametrize("dist", ["gaussian", "equal", "few_distinct", "stripes"])
 def test_programmatic_dependent_launch_selects_the_same_table_eagerly_and_from_a_graph(dist):
-    # where the GPU has PDL the shipped config launches with it: every way (PDL off, on and
-    # triggering at exit; whole rows and split rows; eagerly and replayed from a CUDA graph)
-    # writes the same table, the torch path's sets
+    # where the GPU has PDL the shipped config launches with it: both ways (PDL on and off;
+    # whole rows and split rows; eagerly and replayed from a CUDA graph) write the torch
+    # path's sets
     dev = torch.device("cuda")
     if not TC.pdl_supported(dev):
         pytest.skip("this GPU or Triton has no programmatic dependent launch")
@@ -1684,10 +1684,11 @@ def test_programmatic_dependent_launch_selects_the_same_table_eagerly_and_from_a
         row_topk(logits, starts, lengths, 2048, want)
         want = want.sort(1).values
         shipped = T.RaggedTopk(dev, rows, n, starts, lengths, 2048)
-        assert shipped.plan.filter["PDL"] == 1 and shipped.plan.filter["launch_pdl"]
-        ways = [shipped] + [T.RaggedTopk(dev, rows, n, starts, lengths, 2048,
-                                         config=dataclasses.replace(TC.launch_config(dev), **change))
-                            for change in (dict(pdl=False), dict(pdl_trigger="exit"))]
+        assert shipped.plan.filter["PDL"] is True and shipped.plan.filter["launch_pdl"]
+        off = T.RaggedTopk(dev, rows, n, starts, lengths, 2048,
+                           config=dataclasses.replace(TC.launch_config(dev), pdl=False))
+        assert off.plan.filter["PDL"] is False and "launch_pdl" not in off.plan.filter
+        ways = [shipped, off]
         for run in ways:
             got = torch.full((rows, 2048), 7, dtype=torch.int32, device=dev)
             run(logits, got)

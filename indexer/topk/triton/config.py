@@ -301,7 +301,6 @@ class TopkConfig:
     row_keys_per_sm: int | None = None
     pdl: bool | None = None
     sample_warps: int | None = None
-    pdl_trigger: str = "start"
 
     def __post_init__(self) -> None:
         for name in ("fused", "tile_write", "dynamic", "ballot_write", "sample_jitter", "filter_deal"):
@@ -329,8 +328,6 @@ class TopkConfig:
             raise ValueError(f"row_max must be 0 or a power of two of at most 65536, got {self.row_max!r}")
         if not (isinstance(self.row_sigmas, numbers.Real) and self.row_sigmas > 0):
             raise ValueError(f"row_sigmas must be positive, got {self.row_sigmas!r}")
-        if self.pdl_trigger not in ("start", "exit"):
-            raise ValueError(f"pdl_trigger must be 'start' or 'exit', got {self.pdl_trigger!r}")
         if self.sample_warps is not None and not (_int(self.sample_warps) and _pow2(self.sample_warps)
                                                   and self.sample_warps <= 16):
             raise ValueError(f"sample_warps must be None or a power of two of at most 16, got {self.sample_warps!r}")
@@ -581,7 +578,7 @@ def pdl_supported(device: torch.device) -> bool:
     return arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= 90 and _triton_pdl()
 
 
-def _with_pdl(kw: LaunchKw | None, pdl: int) -> LaunchKw | None:
+def _with_pdl(kw: LaunchKw | None, pdl: bool) -> LaunchKw | None:
     # every launch of a call carries the same PDL constexpr (so that a direct launch finds
     # every constexpr in its keywords) and, where on, the launcher option
     if kw is None:
@@ -656,7 +653,6 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
         raise ValueError(f"pdl=True needs an NVIDIA GPU of compute capability 9.0+ and a Triton with launch_pdl, "
                          f"got {device}")
     pdl = pdl_supported(device) if c.pdl is None else c.pdl
-    pdl = (1 if c.pdl_trigger == "start" else 2) if pdl else 0
     if slices > 1:
         # a split row's programs share one threshold, from the sample kernel, and no program
         # sees the whole row to select it
@@ -840,7 +836,7 @@ def select_constexprs(topk: int, lists: int, cap: int, whole: int, block: int, r
     lists`` slots a row, rows up to ``whole`` keys selected on the row itself (whole); launched
     without programmatic dependent launch unless a plan says otherwise."""
     return dict(K=topk, KP=_next_pow2(topk), W=lists, WCAP=cap // lists, WHOLE=whole, BLOCK=block,
-                RADIX_BITS=radix_bits, R=1 << radix_bits, STATS=stats, PDL=0)
+                RADIX_BITS=radix_bits, R=1 << radix_bits, STATS=stats, PDL=False)
 
 
 def select_launches(common: dict, tile: int, cap: int, select_warps: int, fused: bool = False,

@@ -825,14 +825,12 @@ if triton is not None:
 
     @triton.jit
     def _await_previous(PDL: tl.constexpr):
-        # programmatic dependent launch (PDL > 0): the grid may be resident while the launch
-        # before it still runs, so nothing is read or written before that launch has finished
-        # and its writes are visible; with PDL == 1 the launch after this one may then be
-        # placed at once (its programs wait the same way), with 2 only as this one's programs
-        # exit
-        if PDL > 0:
+        # programmatic dependent launch: the grid may be resident while the launch before it
+        # still runs, so nothing is read or written before that launch has finished and its
+        # writes are visible; then the launch after this one may be placed at once (its
+        # programs wait the same way)
+        if PDL:
             _gdc.gdc_wait()
-        if PDL == 1:
             _gdc.gdc_launch_dependents()
 
     @triton.jit
@@ -874,7 +872,7 @@ if triton is not None:
         HIST: tl.constexpr = False,
         RUN: tl.constexpr = 0,
         STAGE: tl.constexpr = False,
-        PDL: tl.constexpr = 0,
+        PDL: tl.constexpr = False,
     ):
         """Rows longer than ``WHOLE`` (and at least ``sample_min``): the threshold
         ``(thr[row], tcol[row])`` (:func:`_sample_cut`) and the keys at or above it in lists
@@ -1054,7 +1052,7 @@ if triton is not None:
         RETRY_FROM: tl.constexpr = 0,
         JITTER: tl.constexpr = False,
         HIST: tl.constexpr = False,
-        PDL: tl.constexpr = 0,
+        PDL: tl.constexpr = False,
     ):
         """The filter kernel's threshold ``(thr[row], tcol[row])`` of row ``program_id`` (if
         it filters the row), at its sample's rank (:func:`_run_rank`, :func:`_sample_cut`),
@@ -1483,7 +1481,7 @@ if triton is not None:
         AHEAD: tl.constexpr = 1,
         WB: tl.constexpr = False,
         ITEMS: tl.constexpr = 0,
-        PDL: tl.constexpr = 0,
+        PDL: tl.constexpr = False,
     ):
         """The fallback path of the rows the first select launch queued (``ctl[3]`` of them
         at ``ctl[5 + rows:]``), each split into ``NS`` slices of ``SLICE`` keys: a radix
@@ -1737,7 +1735,7 @@ if triton is not None:
         SBUF: tl.constexpr = 0,
         SEEDSTAT: tl.constexpr = False,
         SPLIT: tl.constexpr = False,
-        PDL: tl.constexpr = 0,
+        PDL: tl.constexpr = False,
     ):
         """``FIRST``: one row a program, every row. Otherwise the rows a first launch queued
         (``ctl[1]`` of them at ``ctl[5:]``): program ``p`` takes entry ``p``, then pulls
@@ -1778,7 +1776,7 @@ if triton is not None:
         CH: tl.constexpr,
         WB: tl.constexpr,
         STATS: tl.constexpr,
-        PDL: tl.constexpr = 0,
+        PDL: tl.constexpr = False,
     ):
         """The top k of row ``program_id`` (at most ``T`` keys) in one program, with no
         scratch but the row's write counter ``wpos[row]`` (zeroed here). The row's keys are
