@@ -125,7 +125,7 @@ def test_bench_topk_dist_vs_times_each_config_change_beside_the_shipped_config(t
 
 
 @pytest.mark.parametrize("vs,named", [("sigmas", "'sigmas'"), ("no_such_field=1", "no_such_field"),
-                                       ("prefetch=7", "prefetch must be 1, 2 or 3")])
+                                       ("prefetch=7", "prefetch must be 1, 2 or 3"), ("pdl=True", "pdl=True needs")])
 def test_bench_topk_dist_vs_refuses_a_bad_change_before_timing(vs, named):
     res = _run("bench", "topk", "--device", "cpu", "--dist", "equal", "--context", "600", "--dist-rows", "3",
                "--dist-vs", vs)

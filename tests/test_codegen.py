@@ -263,7 +263,10 @@ def _nvidia_topk_kernels(slices: int) -> None:
     for fn, sig, kw in launches:
         assert kw["PDL"] is False and "launch_pdl" not in kw
         assert not any(op in _nvidia_compile(fn, sig, kw, ()).asm["ptx"] for op in gdc)
-        _nvidia_compile(fn, sig, dict(kw, PDL=True, launch_pdl=True), gdc)
+        ptx = _nvidia_compile(fn, sig, dict(kw, PDL=True, launch_pdl=True), gdc).asm["ptx"]
+        # nothing touches global memory before the wait
+        first = min(ptx.find(op) for op in ("ld.global", "st.global", "atom.", "red.") if op in ptx)
+        assert ptx.index("griddepcontrol.wait") < first, fn.__name__
     if slices == 1:
         row_kw = _topk_plan(TC.CONFIGS["sm90"], 16384).row
         _nvidia_compile(TK.row_kernel, _ROW_SIG, dict(row_kw, PDL=True, launch_pdl=True), gdc)

@@ -1672,11 +1672,12 @@ def test_the_sample_kernel_gives_split_rows_more_threads():
 def test_programmatic_dependent_launch_selects_the_same_table_eagerly_and_from_a_graph(dist):
     # where the GPU has PDL the shipped config launches with it: both ways (PDL on and off;
     # whole rows and split rows; eagerly and replayed from a CUDA graph) write the torch
-    # path's sets
+    # path's sets, also for a call queued right behind another (whose scratch it reuses)
     dev = torch.device("cuda")
     if not TC.pdl_supported(dev):
         pytest.skip("this GPU or Triton has no programmatic dependent launch")
     for rows, n in ((64, 65536), (600, 20000)):
+        first = logits_like("ascending", rows, n, seed=1).to(dev)
         logits = logits_like(dist, rows, n, seed=rows).to(dev)
         starts = torch.zeros(rows, dtype=torch.int64, device=dev)
         lengths = torch.arange(n - rows + 1, n + 1, device=dev)
@@ -1691,13 +1692,17 @@ def test_programmatic_dependent_launch_selects_the_same_table_eagerly_and_from_a
         ways = [shipped, off]
         for run in ways:
             got = torch.full((rows, 2048), 7, dtype=torch.int32, device=dev)
+            earlier = torch.empty_like(got)
+            run(first, earlier)
             run(logits, got)
             assert torch.equal(got.sort(1).values, want)
+            x = first.clone()
             got.fill_(7)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                run(logits, got)
-            got.fill_(7)
+                run(x, got)
+            graph.replay()
+            x.copy_(logits)
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(got.sort(1).values, want)

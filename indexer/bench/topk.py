@@ -362,12 +362,15 @@ def distributions(args: argparse.Namespace, device: torch.device, bw: float | No
     for name in names:
         if name not in LOGIT_DISTRIBUTIONS:
             raise SystemExit(f"--dist: {name!r} is not one of {', '.join(LOGIT_DISTRIBUTIONS)}")
-    from ..topk.triton.config import DEFAULT_CONFIG
+    from ..topk.triton import config as topk_config
 
     for label, changes in config_changes(args.dist_vs):
-        # a bad value stops the run before any timing, naming the field
+        # a bad value, or one this device rules out, stops the run before any timing, naming
+        # the field
         try:
-            dataclasses.replace(DEFAULT_CONFIG, **changes)
+            changed = dataclasses.replace(topk_config.launch_config(device), **changes)
+            for n in int_list(args.context):
+                topk_config.plan_launches(device, changed, args.topk, n, 1, False)
         except ValueError as exc:
             raise SystemExit(f"--dist-vs {label}: {exc}") from None
     k = args.topk

@@ -248,7 +248,7 @@ class TopkConfig:
             (``griddepcontrol.wait``) until it has finished, so the GPU does not idle
             between the call's launches. ``None``: where :func:`pdl_supported`.
         sample_warps: Warps of the sample kernel (a power of two up to 16). ``None``: 32 of
-            its keys a thread, 16 where rows are split (``slices > 1``), 1-16 warps.
+            its keys a thread, 16 where rows are split (``slices > 1``), within 1-16 warps.
     """
 
     num_warps: int = 4
