@@ -267,6 +267,10 @@ def _nvidia_topk_kernels(slices: int) -> None:
         # nothing touches global memory before the wait
         first = min(ptx.find(op) for op in ("ld.global", "st.global", "atom.", "red.") if op in ptx)
         assert ptx.index("griddepcontrol.wait") < first, fn.__name__
+    # filter_l2_prefetch: the first unit's keys prefetched into L2 before the wait
+    ptx = _nvidia_compile(TK.filter_kernel, _FILTER_SIG, dict(filter_kw, PDL=True, launch_pdl=True, PFK=4096,
+                                                              PFS=(1 << 20) // slices), gdc + ("prefetch.global.L2",)).asm["ptx"]
+    assert ptx.index("prefetch.global.L2") < ptx.index("griddepcontrol.wait")
     if slices == 1:
         row_kw = _topk_plan(TC.CONFIGS["sm90"], 16384).row
         _nvidia_compile(TK.row_kernel, _ROW_SIG, dict(row_kw, PDL=True, launch_pdl=True), gdc)

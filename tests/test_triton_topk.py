@@ -1670,9 +1670,10 @@ def test_the_sample_kernel_gives_split_rows_more_threads():
 @pytest.mark.cuda
 @pytest.mark.parametrize("dist", ["gaussian", "equal", "few_distinct", "stripes"])
 def test_programmatic_dependent_launch_selects_the_same_table_eagerly_and_from_a_graph(dist):
-    # where the GPU has PDL the shipped config launches with it: both ways (PDL on and off;
-    # whole rows and split rows; eagerly and replayed from a CUDA graph) write the torch
-    # path's sets, also for a call queued right behind another (whose scratch it reuses)
+    # where the GPU has PDL the shipped config launches with it: every way (PDL on and off,
+    # on with the filter's L2 prefetch; whole rows and split rows; eagerly and replayed from a
+    # CUDA graph) writes the torch path's sets, also for a call queued right behind another
+    # (whose scratch it reuses)
     dev = torch.device("cuda")
     if not TC.pdl_supported(dev):
         pytest.skip("this GPU or Triton has no programmatic dependent launch")
@@ -1689,7 +1690,10 @@ def test_programmatic_dependent_launch_selects_the_same_table_eagerly_and_from_a
         off = T.RaggedTopk(dev, rows, n, starts, lengths, 2048,
                            config=dataclasses.replace(TC.launch_config(dev), pdl=False))
         assert off.plan.filter["PDL"] is False and "launch_pdl" not in off.plan.filter
-        ways = [shipped, off]
+        warm = T.RaggedTopk(dev, rows, n, starts, lengths, 2048,
+                            config=dataclasses.replace(TC.launch_config(dev), filter_l2_prefetch=0.5))
+        assert warm.plan.filter["PFK"] > 0 and warm.plan.filter["PFS"] * warm.plan.filter["SL"] <= n
+        ways = [shipped, off, warm]
         for run in ways:
             got = torch.full((rows, 2048), 7, dtype=torch.int32, device=dev)
             earlier = torch.empty_like(got)
@@ -1706,3 +1710,35 @@ def test_programmatic_dependent_launch_selects_the_same_table_eagerly_and_from_a
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(got.sort(1).values, want)
+
+
+def test_the_l2_prefetch_stays_inside_the_block_and_the_budget():
+    # keys a filter program prefetches before its wait: a power of two within its share of
+    # the L2 fraction, at least a line a thread, never past its slice's room (slices * PFS <=
+    # n); nothing without PDL behind the sample kernel
+    cpu = torch.device("cpu")
+    base = dataclasses.replace(TC.DEFAULT_CONFIG, presample=True, filter_l2_prefetch=0.5)
+    plan = TC.plan_launches(cpu, base, 2048, 131072, 8, False)
+    assert plan.filter["PFK"] == 0 and plan.filter["PDL"] is False
+    assert TC.l2_prefetch_keys(base, plan, 128, 131072, 1024, 50 << 20) == (0, 0)
+    with_pdl = plan._replace(filter=TC.LaunchKw(plan.filter, PDL=True))
+    # 25 MiB over 1024 programs: 6400 keys, so 4096; slices of 16384 keys
+    assert TC.l2_prefetch_keys(base, with_pdl, 128, 131072, 1024, 50 << 20) == (4096, 16384)
+    # a whole L2 over fewer programs: capped by the slice
+    full = dataclasses.replace(base, filter_l2_prefetch=1.0)
+    assert TC.l2_prefetch_keys(full, with_pdl, 16, 131072, 128, 50 << 20) == (16384, 16384)
+    # under a line a thread: none
+    assert TC.l2_prefetch_keys(base, with_pdl, 8192, 131072, 2112, 8 << 20) == (0, 0)
+    for rows, n, programs, l2 in ((128, 131072, 1024, 50 << 20), (7, 100003, 56, 60 << 20), (3, 40000, 24, 1 << 30)):
+        pfk, pfs = TC.l2_prefetch_keys(full, with_pdl, rows, n, programs, l2)
+        assert pfk & (pfk - 1) == 0 and pfk <= pfs and 8 * pfs <= n
+        assert pfk * 4 * min(programs, rows * 8) <= l2
+    assert TC.l2_prefetch_keys(dataclasses.replace(base, filter_l2_prefetch=0.0), with_pdl, 128, 131072, 1024,
+                               50 << 20) == (0, 0)
+    assert TC.l2_prefetch_keys(base, with_pdl._replace(sample=None), 128, 131072, 1024, 50 << 20) == (0, 0)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, "half", None])
+def test_a_bad_l2_prefetch_fraction_is_refused(bad):
+    with pytest.raises(ValueError, match="filter_l2_prefetch"):
+        dataclasses.replace(TC.DEFAULT_CONFIG, filter_l2_prefetch=bad)

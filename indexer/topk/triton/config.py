@@ -247,6 +247,12 @@ class TopkConfig:
             may be placed on the SMs while the launch before it still runs, and wait there
             (``griddepcontrol.wait``) until it has finished, so the GPU does not idle
             between the call's launches. ``None``: where :func:`pdl_supported`.
+        filter_l2_prefetch: Fraction of the GPU's L2 cache the filter's programs fill before
+            their wait, each with the first keys of the row slice it takes if slices go out in
+            program order (``prefetch.global.L2``), so that DRAM streams the rows while the
+            sample kernel runs (it reads little). Applies only where the filter launches with
+            ``pdl`` after the sample kernel (NVIDIA); elsewhere, and at ``0``, nothing is
+            prefetched. Not yet measured: off.
         sample_warps: Warps of the sample kernel (a power of two up to 16). ``None``: 32 of
             its keys a thread, 16 where rows are split (``slices > 1``), within 1-16 warps.
     """
@@ -301,6 +307,7 @@ class TopkConfig:
     row_keys_per_sm: int | None = None
     pdl: bool | None = None
     sample_warps: int | None = None
+    filter_l2_prefetch: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("fused", "tile_write", "dynamic", "ballot_write", "sample_jitter", "filter_deal"):
@@ -328,6 +335,8 @@ class TopkConfig:
             raise ValueError(f"row_max must be 0 or a power of two of at most 65536, got {self.row_max!r}")
         if not (isinstance(self.row_sigmas, numbers.Real) and self.row_sigmas > 0):
             raise ValueError(f"row_sigmas must be positive, got {self.row_sigmas!r}")
+        if not (isinstance(self.filter_l2_prefetch, numbers.Real) and 0 <= self.filter_l2_prefetch <= 1):
+            raise ValueError(f"filter_l2_prefetch must be in [0, 1], got {self.filter_l2_prefetch!r}")
         if self.sample_warps is not None and not (_int(self.sample_warps) and _pow2(self.sample_warps)
                                                   and self.sample_warps <= 16):
             raise ValueError(f"sample_warps must be None or a power of two of at most 16, got {self.sample_warps!r}")
@@ -586,6 +595,26 @@ def _with_pdl(kw: LaunchKw | None, pdl: bool) -> LaunchKw | None:
     return LaunchKw(kw, PDL=pdl, **(dict(launch_pdl=True) if pdl else {}))
 
 
+def l2_prefetch_keys(config: TopkConfig, plan: "LaunchPlan", rows: int, n: int, programs: int,
+                     l2_bytes: int) -> tuple[int, int]:
+    """``(PFK, PFS)`` of the filter's launch for ``rows`` rows of ``n`` keys on ``programs``
+    filter programs and an L2 cache of ``l2_bytes``: keys each program that has a unit
+    prefetches into L2 before its wait (a power of two, at least a 128-byte line a thread;
+    ``0``: none) and the keys between two slices' first keys (``n // slices``, so that every
+    prefetched address is inside the block: ``slices * PFS <= n``), for
+    ``config.filter_l2_prefetch`` of the cache. ``(0, 0)`` unless the filter launches with
+    PDL behind the sample kernel."""
+    kw = plan.filter
+    if not config.filter_l2_prefetch or kw is None or not kw["PDL"] or plan.sample is None:
+        return 0, 0
+    slices = kw["SL"]
+    pfs = n // slices
+    keys = min(pfs, int(config.filter_l2_prefetch * l2_bytes) // (4 * max(1, min(programs, rows * slices))))
+    if keys < 32 * 32 * kw["num_warps"]:
+        return 0, 0
+    return 1 << (keys.bit_length() - 1), pfs
+
+
 def _ballot_ok(device: torch.device, num_warps: int, filter_block: int) -> bool:
     # the PTX ballot needs NVIDIA and four keys a thread in the filtering pass
     return is_nvidia(device) and filter_block == num_warps * 128
@@ -743,6 +772,7 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
         WB=fused_wb, num_warps=num_warps, **dict(common, W=num_warps), CAP=cap, SL=slices, RETRY=False,
         SECOND=second, RETRIES=bool(count_retries), JITTER=c.sample_jitter, DEAL=c.filter_deal, RETRY_FROM=retry_from,
         HIST=seed, RUN=c.split_run if slices > 1 and not c.split_stage else 0, STAGE=slices > 1 and c.split_stage,
+        PFK=0, PFS=0,
         **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
     sample_kw = None
     if presample:

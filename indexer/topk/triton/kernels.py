@@ -824,6 +824,19 @@ if triton is not None:
                     tl.store(cand + e, tl.full((BW * W,), _HOLE, tl.int64), mask=e < ROOM)
 
     @triton.jit
+    def _prefetch_first_unit(logits_ptr, pid, rows, stride_lm, SL: tl.constexpr, PFK: tl.constexpr,
+                             PFS: tl.constexpr):
+        # the first PFK keys of the unit this program takes if units go out in program order
+        # (row pid // SL, slice pid % SL at PFS keys a slice), pulled into L2 while the launch
+        # before still runs: a hint (no value is read, so it may run before the wait), every
+        # address inside the block's first SL * PFS <= n columns (the plan's bound)
+        if pid < rows * SL:
+            base = logits_ptr + (pid // SL).to(tl.int64) * stride_lm + (pid % SL) * PFS
+            lines = tl.arange(0, PFK // 32) * 32
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [base + lines],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
     def _await_previous(PDL: tl.constexpr):
         # programmatic dependent launch: the grid may be resident while the launch before it
         # still runs, so nothing is read or written before that launch has finished and its
@@ -873,6 +886,8 @@ if triton is not None:
         RUN: tl.constexpr = 0,
         STAGE: tl.constexpr = False,
         PDL: tl.constexpr = False,
+        PFK: tl.constexpr = 0,
+        PFS: tl.constexpr = 0,
     ):
         """Rows longer than ``WHOLE`` (and at least ``sample_min``): the threshold
         ``(thr[row], tcol[row])`` (:func:`_sample_cut`) and the keys at or above it in lists
@@ -902,9 +917,14 @@ if triton is not None:
         blocks are dealt to the warps' lists (:func:`_block_cols`). ``HIST``: the keys a row's
         lists have no room for go to its histogram at ``hist[row * SEED_BINS:]`` (zeroed by the
         caller; :func:`_filter_block`), from which the split fallback starts
-        (``fallback_seed``, :func:`_fallback_seed`)."""
-        _await_previous(PDL)
+        (``fallback_seed``, :func:`_fallback_seed`). ``PFK`` (> 0: NVIDIA, launched with
+        ``PDL`` behind the sample kernel): before its wait each program prefetches into L2
+        ``PFK`` keys of the unit it would take in program order (:func:`_prefetch_first_unit`),
+        so that the rows stream from DRAM while the sample kernel, which reads little, runs."""
         pid = tl.program_id(0)
+        if PFK > 0:
+            _prefetch_first_unit(logits_ptr, pid, rows, stride_lm, SL, PFK, PFS)
+        _await_previous(PDL)
         nprog = tl.num_programs(0)
         STEP: tl.constexpr = W * BW
         si = tl.arange(0, NP * PIECE)

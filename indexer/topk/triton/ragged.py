@@ -67,10 +67,10 @@ from ...platform import device_guard, indexed_device
 from .config import (
     FALLBACK_PROGRAMS_PER_SM, SECOND_PROGRAMS_PER_SM, STAT_RETRIED, STAT_SEEDED, STAT_SPLIT, TopkConfig, _check_stats,
     _index_vector, in_place_vector, is_nvidia, _programs, _sm_count, plan_launches, auto_slices, launch_config,
-    row_kernel_fits, seeds_fallback,
+    l2_prefetch_keys, row_kernel_fits, seeds_fallback,
 )
 from .kernels import FALLBACK_LAUNCHER, FILTER_LAUNCHER, ROW_LAUNCHER, SAMPLE_LAUNCHER, SELECT_LAUNCHER, triton
-from .launch import At
+from .launch import At, LaunchKw
 from .ptx import SEED_BINS
 
 
@@ -196,6 +196,13 @@ class RaggedTopk:
                                   stats is not None and stats.numel() > STAT_SPLIT,
                                   stats is not None and stats.numel() > STAT_SEEDED,
                                   row_kernel_fits(config, rows, n, _sm_count(device) if device.type == "cuda" else None))
+        if config.filter_l2_prefetch and device.type == "cuda" and self.plan.filter is not None:
+            programs = _programs(device, rows * self.plan.filter["SL"], self.plan.programs_per_sm)
+            pfk, pfs = l2_prefetch_keys(config, self.plan, rows, n, programs,
+                                        torch.cuda.get_device_properties(device).L2_cache_size)
+            if pfk:
+                # (the first filter launch only: the retry's follows the filter, which streamed)
+                self.plan = self.plan._replace(filter=LaunchKw(self.plan.filter, PFK=pfk, PFS=pfs))
         # NVIDIA only: AMD's Triton also specializes on whether a tensor spans under 2 GB
         # (buffer ops), which the direct launches' key does not hold
         # (the flag is read, and so checked, everywhere)
