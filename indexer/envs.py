@@ -354,6 +354,19 @@ TOPK_GRAPH = _declare(
     )
 )
 
+TOPK_PDL = _declare(
+    Flag(
+        "TOPK_PDL",
+        _parse_bool,
+        True,
+        "NVIDIA compute capability 9.0+ (with a CUDA 12.3+ driver and Triton 3.3+): the Triton "
+        "top-k's launches use programmatic dependent launch, each placed on the SMs while the "
+        "one before it finishes and waiting there for it (docs/topk.md). Off: plain launches. "
+        "A TopkConfig with pdl set is not overridden.",
+        type_name="bool",
+    )
+)
+
 TRITON_DIRECT_LAUNCH = _declare(
     Flag(
         "TRITON_DIRECT_LAUNCH",

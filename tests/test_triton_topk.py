@@ -1742,3 +1742,35 @@ def test_the_l2_prefetch_stays_inside_the_block_and_the_budget():
 def test_a_bad_l2_prefetch_fraction_is_refused(bad):
     with pytest.raises(ValueError, match="filter_l2_prefetch"):
         dataclasses.replace(TC.DEFAULT_CONFIG, filter_l2_prefetch=bad)
+
+
+@pytest.mark.parametrize("flag,want", [("0", False), ("1", True), (None, True)])
+def test_indexer_topk_pdl_turns_the_launches_pdl_off_where_the_device_has_it(monkeypatch, flag, want):
+    # a CPU device told it has PDL (the plan only): the flag decides an unset config.pdl; a
+    # config that sets pdl is not overridden
+    monkeypatch.setattr(TC, "pdl_supported", lambda device: True)
+    monkeypatch.setattr(T, "pdl_supported", lambda device: True)
+    if flag is None:
+        monkeypatch.delenv("INDEXER_TOPK_PDL", raising=False)
+    else:
+        monkeypatch.setenv("INDEXER_TOPK_PDL", flag)
+    starts, lengths = torch.zeros(4, dtype=torch.int64), torch.full((4,), 40000)
+    run = T.RaggedTopk(torch.device("cpu"), 4, 40000, starts, lengths, 256,
+                       config=dataclasses.replace(TC.DEFAULT_CONFIG, presample=True))
+    assert run.config.pdl is want and run.plan.filter["PDL"] is want and ("launch_pdl" in run.plan.filter) is want
+    fixed = T.RaggedTopk(torch.device("cpu"), 4, 40000, starts, lengths, 256,
+                         config=dataclasses.replace(TC.DEFAULT_CONFIG, presample=True, pdl=False))
+    assert fixed.config.pdl is False and fixed.plan.sample["PDL"] is False
+
+
+def test_pdl_needs_a_driver_whose_graphs_keep_programmatic_edges(monkeypatch):
+    # an sm90 GPU with Triton's launch_pdl, on drivers before and from CUDA 12.3
+    monkeypatch.setattr(TC, "is_nvidia", lambda device: True)
+    monkeypatch.setattr(TC, "_arch", lambda device: "sm90")
+    monkeypatch.setattr(TC, "_triton_pdl", lambda: True)
+    cuda = torch.device("cuda", 0)
+    for driver, want in ((12020, False), (TC.PDL_MIN_DRIVER, True), (13000, True), (0, False)):
+        monkeypatch.setattr(TC, "_driver_version", lambda driver=driver: driver)
+        assert TC.pdl_supported(cuda) is want
+    monkeypatch.setattr(TC, "_arch", lambda device: "sm89")
+    assert TC.pdl_supported(cuda) is False

@@ -246,7 +246,8 @@ class TopkConfig:
         pdl: Launch every kernel with programmatic dependent launch: a launch's programs
             may be placed on the SMs while the launch before it still runs, and wait there
             (``griddepcontrol.wait``) until it has finished, so the GPU does not idle
-            between the call's launches. ``None``: where :func:`pdl_supported`.
+            between the call's launches. ``None``: where :func:`pdl_supported` (in
+            :class:`~.ragged.RaggedTopk`, also as ``INDEXER_TOPK_PDL`` says).
         filter_l2_prefetch: Fraction of the GPU's L2 cache the filter's programs fill before
             their wait, each with the first keys of the row slice it takes if slices go out in
             program order (``prefetch.global.L2``), so that DRAM streams the rows while the
@@ -577,14 +578,30 @@ def _triton_pdl() -> bool:
     return "launch_pdl" in fields and hasattr(cuda, "gdc_wait") and hasattr(cuda, "gdc_launch_dependents")
 
 
+#: CUDA driver from which CUDA graphs keep programmatic launch edges (CUDA 12.3)
+PDL_MIN_DRIVER = 12030
+
+
+@functools.lru_cache(maxsize=None)
+def _driver_version() -> int:
+    # (0 where torch cannot say: no PDL)
+    try:
+        return int(torch._C._cuda_getDriverVersion())
+    except Exception:  # noqa: BLE001 - a CPU build, or no driver
+        return 0
+
+
 def pdl_supported(device: torch.device) -> bool:
     """Whether the top-k's kernels can be launched on ``device`` with programmatic dependent
     launch (``TopkConfig.pdl``): an NVIDIA GPU of compute capability 9.0 or later (Hopper's
-    ``griddepcontrol``) and a Triton whose CUDA launcher takes ``launch_pdl``."""
+    ``griddepcontrol``), a driver of CUDA 12.3 or later (:data:`PDL_MIN_DRIVER`: graphs
+    captured from such launches keep their programmatic edges) and a Triton whose CUDA
+    launcher takes ``launch_pdl``."""
     if device.type != "cuda" or not is_nvidia(device):
         return False
     arch = _arch(device)
-    return arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= 90 and _triton_pdl()
+    return (arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= 90
+            and _driver_version() >= PDL_MIN_DRIVER and _triton_pdl())
 
 
 def _with_pdl(kw: LaunchKw | None, pdl: bool) -> LaunchKw | None:

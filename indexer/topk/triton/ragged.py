@@ -67,7 +67,7 @@ from ...platform import device_guard, indexed_device
 from .config import (
     FALLBACK_PROGRAMS_PER_SM, SECOND_PROGRAMS_PER_SM, STAT_RETRIED, STAT_SEEDED, STAT_SPLIT, TopkConfig, _check_stats,
     _index_vector, in_place_vector, is_nvidia, _programs, _sm_count, plan_launches, auto_slices, launch_config,
-    l2_prefetch_keys, row_kernel_fits, seeds_fallback,
+    l2_prefetch_keys, pdl_supported, row_kernel_fits, seeds_fallback,
 )
 from .kernels import FALLBACK_LAUNCHER, FILTER_LAUNCHER, ROW_LAUNCHER, SAMPLE_LAUNCHER, SELECT_LAUNCHER, triton
 from .launch import At, LaunchKw
@@ -190,6 +190,9 @@ class RaggedTopk:
             slices = 1 if config.fused else auto_slices(device, rows, n, config.programs_per_sm)
         if config.fallback_seed is None:
             config = dataclasses.replace(config, fallback_seed=seeds_fallback(device, config, rows, slices))
+        if config.pdl is None:
+            # (the flag is read, and so checked, everywhere)
+            config = dataclasses.replace(config, pdl=bool(_envs.value("TOPK_PDL")) and pdl_supported(device))
         self.config = config
         self.plan = plan_launches(device, config, topk, n, slices, stats is not None,
                                   stats is not None and stats.numel() > STAT_RETRIED,
