@@ -364,6 +364,7 @@ def distributions(args: argparse.Namespace, device: torch.device, bw: float | No
             raise SystemExit(f"--dist: {name!r} is not one of {', '.join(LOGIT_DISTRIBUTIONS)}")
     from ..topk.triton import config as topk_config
 
+    vs = []  # (label, config) of each --dist-vs change, timed at every point
     for label, changes in config_changes(args.dist_vs):
         # a bad value, or one this device rules out, stops the run before any timing, naming
         # the field
@@ -373,6 +374,7 @@ def distributions(args: argparse.Namespace, device: torch.device, bw: float | No
                 topk_config.plan_launches(device, changed, args.topk, n, 1, False)
         except ValueError as exc:
             raise SystemExit(f"--dist-vs {label}: {exc}") from None
+        vs.append((label, changed))
     k = args.topk
     out_rows: list[dict] = []
     cols = [("dist", "logits", "s"), ("N", "keys N", "d"), ("M", "rows M", "d"), ("method", "top-k", "s"),
@@ -385,7 +387,7 @@ def distributions(args: argparse.Namespace, device: torch.device, bw: float | No
             if m * n * 4 <= args.max_gib * 2**30]
     for i, (name, n, m) in enumerate(todo):
         try:
-            _distribution_rows(args, device, bw, extra, name, n, m, out_rows)
+            _distribution_rows(args, device, bw, extra, vs, name, n, m, out_rows)
         except torch.cuda.OutOfMemoryError:  # a point too large for this GPU is a row, not the end of the run
             out_rows.append(dict(dist=name, N=n, M=m, method="-", note="out of memory"))
         print(f"[{i + 1}/{len(todo)}] {name} N={n} M={m}: "
@@ -404,7 +406,7 @@ def distributions(args: argparse.Namespace, device: torch.device, bw: float | No
 
 
 def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float | None, extra: dict | None,
-                       name: str, n: int, m: int, out_rows: list[dict]) -> None:
+                       vs: list, name: str, n: int, m: int, out_rows: list[dict]) -> None:
     # one --dist point: its rows appended to out_rows
     from ..topk import row_topk
     from ..topk.triton import ragged
@@ -472,11 +474,10 @@ def _distribution_rows(args: argparse.Namespace, device: torch.device, bw: float
         unsplit = dataclasses.replace(topk_config.launch_config(device), fallback_split=0)
         found.append(add("triton, fallback unsplit", lambda: ragged.ragged_topk(logits, starts, lengths, k, out,
                                                                                     config=unsplit)))
-    for label, changes in config_changes(args.dist_vs):
-        changed = dataclasses.replace(topk_config.launch_config(device), **changes)
+    for label, changed in vs:
         found.append(add(f"triton, {label}", lambda changed=changed: ragged.ragged_topk(logits, starts, lengths, k, out,
                                                                                        config=changed)))
-    if args.dist_vs:
+    if vs:
         found.append(add("triton, again", lambda: ragged.ragged_topk(logits, starts, lengths, k, out), note))
     if args.dist_fallback:
         forced = dataclasses.replace(topk_config.launch_config(device), sample_min=n + 1)
