@@ -223,6 +223,7 @@ def _nvidia_topk_kernels(slices: int) -> None:
         _nvidia_compile(TK.filter_kernel, _FILTER_SIG, retry_kw, ())
     _nvidia_compile(TK.sample_kernel, _SAMPLE_SIG, sample_kw, ())
     _nvidia_compile(TK.sample_kernel, _SAMPLE_SIG, dict(sample_kw, JITTER=True), ())
+    _nvidia_compile(TK.sample_kernel, _SAMPLE_SIG, dict(sample_kw, TIE_BIT=20), ())
     for _, kw in selects:
         _nvidia_compile(TK.select_kernel, _SELECT_SIG, kw, ("vote.sync.ballot",) if kw["WB"] else ())
     # the split fallback's passes wait on a row's pass counter (an acquiring load or atomic) and

@@ -299,8 +299,9 @@ def test_a_split_rows_staged_list_that_overflows_sends_the_row_to_the_fallback()
     assert _check(vals.to(DEVICE), vals, starts, lengths, topk, **kw)[TC.STAT_PLAIN] == 2
 
 
+@pytest.mark.parametrize("tie_bit", [0, 20])
 @pytest.mark.parametrize("n", [3000, 6000, 20000])
-def test_a_tied_threshold_is_cut_at_the_end_of_the_sample_run_holding_its_rank(n):
+def test_a_tied_threshold_is_cut_at_the_end_of_the_sample_run_holding_its_rank(n, tie_bit):
     # every key equal: the threshold is that key and the column cut ends the sample run
     # (run j in columns [j * spread, (j + 1) * spread)) that holds the rank-th sampled key,
     # the rank from the sample's size as _run_rank gives it
@@ -310,7 +311,7 @@ def test_a_tied_threshold_is_cut_at_the_end_of_the_sample_run_holding_its_rank(n
     dev = torch.device(DEVICE)
     run = T.RaggedTopk(dev, rows, n, torch.zeros(rows, dtype=torch.int64, device=dev),
                        torch.full((rows,), n, dtype=torch.int64, device=dev), topk,
-                       config=_cfg(presample=True, cap=4096, **SMALL_SAMPLE))
+                       config=_cfg(presample=True, cap=4096, sample_tie_bit=tie_bit, **SMALL_SAMPLE))
     out = torch.empty(rows, topk, dtype=torch.int32, device=dev)
     run(torch.full((rows, n), 0.5, device=dev), out)
     assert torch.equal(out.sort(1).values.cpu(), torch.arange(topk, dtype=torch.int32).expand(rows, topk))
@@ -373,6 +374,36 @@ def test_every_distribution_selects_the_torch_set_in_one_filtering_pass(dist, kw
     logits, masked, starts, lengths = _ragged_rows(dist, seed=7)
     stats = _check(logits.to(DEVICE), masked, starts, lengths, topk, **dict(DIST_SAMPLE, **kw))
     assert stats[TC.STAT_SAMPLED] == rows, stats
+
+
+@pytest.mark.parametrize("dist", LOGIT_DISTRIBUTIONS)
+@pytest.mark.parametrize("slices", [1, 4])
+def test_the_sample_tie_bit_leaves_every_threshold_as_the_full_search_gives_it(dist, slices):
+    # the sample kernel's search stopped at a bit and the least key above it tried as the
+    # rank-th key: the first and the retry's thresholds and column cuts, bit for bit, are the
+    # full search's (so the filter passes the same keys), and the sets are the torch path's
+    logits, masked, starts, lengths = _ragged_rows(dist, seed=7)
+    dev = torch.device(DEVICE)
+    found = []
+    for tie_bit in (0, 12, 20, 31):
+        kw = dict(DIST_SAMPLE, presample=True, slices=slices, sample_tie_bit=tie_bit)
+        stats = _check(logits.to(DEVICE), masked, starts, lengths, 200, **kw)
+        assert stats[TC.STAT_SAMPLED] == 4, (tie_bit, stats)
+        run = T.RaggedTopk(dev, 4, logits.shape[1], starts.to(dev), lengths.to(dev), 200, config=_cfg(**kw))
+        run(logits.to(DEVICE), torch.empty(4, 200, dtype=torch.int32, device=dev))
+        c = run.cand32
+        found.append([c[v.offset: v.offset + n].cpu() for v, n in ((run.thr, 4), (run.tcol, 4), (run.thr2, 8))])
+    for tie_bit, got in zip((12, 20, 31), found[1:]):
+        for name, a, b in zip(("thr", "tcol", "thr2"), found[0], got):
+            assert torch.equal(a, b), (tie_bit, name, a, b)
+
+
+def test_the_sample_tie_bit_is_checked_against_the_low_bit():
+    with pytest.raises(ValueError, match="sample_tie_bit"):
+        TC.TopkConfig(sample_tie_bit=8)  # not above sample_low_bit (8)
+    with pytest.raises(ValueError, match="sample_tie_bit"):
+        TC.TopkConfig(sample_tie_bit=32)
+    assert TC.TopkConfig(sample_low_bit=4, sample_tie_bit=8).sample_tie_bit == 8
 
 
 # the row kernel at toy sizes: rows of up to 2048 keys in registers, its sample runs of 8

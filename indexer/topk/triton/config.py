@@ -254,6 +254,11 @@ class TopkConfig:
             sample kernel runs (it reads little). Applies only where the filter launches with
             ``pdl`` after the sample kernel (NVIDIA); elsewhere, and at ``0``, nothing is
             prefetched. Not yet measured: off.
+        sample_tie_bit: The sample kernel's threshold search first stops at this bit of the
+            key; where the sample's keys left at or above it are still too many, it tries the
+            least of them as the rank-th key (two reductions), which settles a rank among many
+            equal keys without counting the remaining bits (0, or ``sample_low_bit + 1`` to
+            31; ``0``: off). Not yet measured: off.
         sample_warps: Warps of the sample kernel (a power of two up to 16). ``None``: 32 of
             its keys a thread, 16 where rows are split (``slices > 1``), within 1-16 warps.
     """
@@ -309,6 +314,7 @@ class TopkConfig:
     pdl: bool | None = None
     sample_warps: int | None = None
     filter_l2_prefetch: float = 0.0
+    sample_tie_bit: int = 0
 
     def __post_init__(self) -> None:
         for name in ("fused", "tile_write", "dynamic", "ballot_write", "sample_jitter", "filter_deal"):
@@ -382,6 +388,10 @@ class TopkConfig:
             raise ValueError(f"prefetch must be 1, 2 or 3, got {self.prefetch!r}")
         if not (_int(self.sample_low_bit) and 0 <= self.sample_low_bit <= 24):
             raise ValueError(f"sample_low_bit must be an int in [0, 24], got {self.sample_low_bit!r}")
+        if not (_int(self.sample_tie_bit) and (self.sample_tie_bit == 0
+                                                or self.sample_low_bit < self.sample_tie_bit <= 31)):
+            raise ValueError(f"sample_tie_bit must be 0 or an int in [sample_low_bit + 1, 31] "
+                             f"(sample_low_bit={self.sample_low_bit}), got {self.sample_tie_bit!r}")
         # (at most 64: the search's stop, rank * (1 + slack), must fit an int32 for samples
         # of up to 2**20 keys)
         if not (isinstance(self.sample_slack, numbers.Real) and 0 <= self.sample_slack <= 64):
@@ -802,7 +812,7 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
         sample_kw = LaunchKw(K=topk, NP=runs, PIECE=piece, SPARSE=c.sparse, SIGMAS=float(c.sigmas),
                              SLACK=float(c.sample_slack), LOW_BIT=c.sample_low_bit, WHOLE=tile, SL=slices,
                              SECOND=second, RETRY_FROM=retry_from, JITTER=c.sample_jitter, HIST=seed,
-                             num_warps=sample_warps)
+                             TIE_BIT=c.sample_tie_bit, num_warps=sample_warps)
     # split rows retry in a launch of their own (rows strided over its programs)
     retry_kw = LaunchKw(filter_kw, RETRY=True, DYNAMIC=False) if slices > 1 else None
     selects = select_launches(common, tile, cap, c.select_warps, fused, c.tile_write, c.select_maxnreg,

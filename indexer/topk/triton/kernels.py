@@ -430,7 +430,7 @@ if triton is not None:
 
     @triton.jit
     def _sample_cut(skeys, rank, length, spread, SLACK: tl.constexpr, LOW_BIT: tl.constexpr, NP: tl.constexpr,
-                    PIECE: tl.constexpr):
+                    PIECE: tl.constexpr, TIE_BIT: tl.constexpr = 0):
         """The filter's threshold from a sample: ``(t, tcol)``, a key and a column, as the
         composite key ``(value, -column)`` of the ``rank``-th largest sampled key, so that
         the filter keeps the keys above ``t`` and the keys equal to it at columns up to
@@ -444,14 +444,32 @@ if triton is not None:
         adjacent: without the rounding a tie dense in the row passed up to a run's spacing
         fewer), and since ties go to the lowest columns the ``k`` selected stay among them.
         ``skeys`` is :func:`_row_sample`'s tile: ``NP`` runs of ``PIECE`` slots, run ``j``
-        in the row's columns ``[j * spread, (j + 1) * spread)``."""
+        in the row's columns ``[j * spread, (j + 1) * spread)``.
+        With ``TIE_BIT`` above ``LOW_BIT``, the search first stops at bit ``TIE_BIT``; if more
+        than ``stop`` keys are still at or above it there, the least of them is tried as the
+        ``rank``-th key (one count: fewer than ``rank`` keys above it), so that a rank among
+        many equal keys is found in two reductions instead of the remaining bits' counts and
+        the exact search below ``LOW_BIT``; otherwise the search goes on from there."""
         stop = rank + (rank.to(tl.float32) * SLACK).to(tl.int32)
-        x = _search(skeys, rank, -2147483648, 2147483647, stop, LOW_BIT)
+        exact = tl.full((), 0, tl.int32)
+        if TIE_BIT > LOW_BIT:
+            x = _search(skeys, rank, -2147483648, 2147483647, stop, TIE_BIT)
+            if tl.sum((skeys >= x).to(tl.int32), axis=0) > stop:
+                v = tl.min(tl.where(skeys >= x, skeys, 2147483647), axis=0)
+                if tl.sum((skeys > v).to(tl.int32), axis=0) < rank:
+                    # v is the rank-th key: as many keys are at or above it as above x
+                    x = v
+                    exact = tl.full((), 1, tl.int32)
+                else:
+                    x = _search(skeys, rank, x, x | ((1 << TIE_BIT) - 1), stop, LOW_BIT)
+        else:
+            x = _search(skeys, rank, -2147483648, 2147483647, stop, LOW_BIT)
         tcol = tl.full((), 2147483647, tl.int32)
         if tl.sum((skeys >= x).to(tl.int32), axis=0) > stop:
             # the search ran out of bits: the rank-th key exactly (it lies in x's last
             # LOW_BIT bits), then whether the sample ties there
-            x = _search(skeys, rank, x, x | ((1 << LOW_BIT) - 1), rank, 0)
+            if exact == 0:
+                x = _search(skeys, rank, x, x | ((1 << LOW_BIT) - 1), rank, 0)
             if tl.sum((skeys >= x).to(tl.int32), axis=0) > rank:
                 need = rank - tl.sum((skeys > x).to(tl.int32), axis=0)
                 # run j of the sample lies in columns [j * spread, (j + 1) * spread): the cut
@@ -1073,6 +1091,7 @@ if triton is not None:
         JITTER: tl.constexpr = False,
         HIST: tl.constexpr = False,
         PDL: tl.constexpr = False,
+        TIE_BIT: tl.constexpr = 0,
     ):
         """The filter kernel's threshold ``(thr[row], tcol[row])`` of row ``program_id`` (if
         it filters the row), at its sample's rank (:func:`_run_rank`, :func:`_sample_cut`),
@@ -1109,7 +1128,7 @@ if triton is not None:
             sidx, smask, s, spread = _row_sample(length, si // PIECE, si % PIECE, NP, PIECE, SPARSE, JITTER)
             skeys = _sample_keys(base, sidx, smask)
             t, tc = _sample_cut(skeys, _run_rank(K, s, length, SIGMAS, PIECE), length, spread, SLACK, LOW_BIT,
-                                NP, PIECE)
+                                NP, PIECE, TIE_BIT)
             tl.store(thr_ptr + row, t)
             tl.store(tcol_ptr + row, tc)
             # the retry's, twice as many sigmas deep (a filter program's own sample of a long
@@ -1119,7 +1138,7 @@ if triton is not None:
             if SECOND:
                 if (length < RETRY_FROM) | (RETRY_FROM == 0) | (SL > 1):
                     t2, tc2 = _sample_cut(skeys, _run_rank(K, s, length, 2 * SIGMAS, 2 * PIECE), length, spread,
-                                          0.5, 16, NP, PIECE)
+                                          0.5, 16, NP, PIECE, TIE_BIT)
                     # never above the first: the two searches stop at different slacks, and a split
                     # row's select takes this one as the least of its candidates
                     above = (t2 > t) | ((t2 == t) & (tc2 < tc))
