@@ -301,7 +301,7 @@ if triton is not None:
         return new_taken
 
     @triton.jit
-    def _search(keys, need, lo, hi, stop, LOW_BIT: tl.constexpr):
+    def _search_from(keys, need, lo, hi, stop, above, LOW_BIT: tl.constexpr):
         """A key ``x`` with at least ``need`` of ``keys`` (int32 [T], empty slots ``-2**31``)
         at or above it, given ``lo <= x <= hi``: bit by bit, most significant first, on the
         keys' unsigned form, one count a bit where ``lo`` and ``hi`` differ. The search ends
@@ -309,12 +309,13 @@ if triton is not None:
         ``x``; otherwise ``x`` is the largest such key but for the bits below ``LOW_BIT``,
         left 0. Either way ``x`` is a lower bound of the ``need``-th largest key; with
         ``stop == need`` an early end means exactly ``need`` keys are ``>= x``, the same set
-        as the ``need`` largest, so the callers' selection by ``x`` stays exact."""
+        as the ``need`` largest, so the callers' selection by ``x`` stays exact. ``above``:
+        the count of keys at or above ``lo`` if known, else ``2**31 - 1``. Returns ``x`` and
+        the count of keys at or above it (``2**31 - 1`` if no count was taken)."""
         lo_u = lo ^ -2147483648
         diff = lo_u ^ (hi ^ -2147483648)
         a = tl.full((), 0, tl.int32)
         one = tl.full((), 1, tl.int32)
-        above = tl.full((), 2147483647, tl.int32)  # keys >= a, once a count has told
         b = tl.full((), 31, tl.int32)
         # most rows settle well before the last bit: the gap below the need-th key is wide
         while (b >= LOW_BIT) & (above > stop):
@@ -328,7 +329,13 @@ if triton is not None:
                     a = cand
                     above = c
             b -= 1
-        return a ^ -2147483648
+        return a ^ -2147483648, above
+
+    @triton.jit
+    def _search(keys, need, lo, hi, stop, LOW_BIT: tl.constexpr):
+        """:func:`_search_from` with no count known: the key ``x`` alone."""
+        x, _ = _search_from(keys, need, lo, hi, stop, tl.full((), 2147483647, tl.int32), LOW_BIT)
+        return x
 
     @triton.jit
     def kth_key(keys, need, lo, count_lo, hi, BISECT_AFTER: tl.constexpr, SPAN: tl.constexpr):
@@ -446,22 +453,28 @@ if triton is not None:
         ``skeys`` is :func:`_row_sample`'s tile: ``NP`` runs of ``PIECE`` slots, run ``j``
         in the row's columns ``[j * spread, (j + 1) * spread)``.
         With ``TIE_BIT`` above ``LOW_BIT``, the search first stops at bit ``TIE_BIT``; if more
-        than ``stop`` keys are still at or above it there, the least of them is tried as the
-        ``rank``-th key (one count: fewer than ``rank`` keys above it), so that a rank among
-        many equal keys is found in two reductions instead of the remaining bits' counts and
-        the exact search below ``LOW_BIT``; otherwise the search goes on from there."""
+        than ``max(stop, 2 * rank)`` keys are still at or above it there, the least of them is
+        tried as the ``rank``-th key (it is where fewer than ``rank`` keys lie above it), so
+        that a rank among many equal keys is found in two reductions instead of the remaining
+        bits' counts and the exact search below ``LOW_BIT``; otherwise the search goes on from
+        there, with the count it has."""
         stop = rank + (rank.to(tl.float32) * SLACK).to(tl.int32)
         exact = tl.full((), 0, tl.int32)
         if TIE_BIT > LOW_BIT:
-            x = _search(skeys, rank, -2147483648, 2147483647, stop, TIE_BIT)
-            if tl.sum((skeys >= x).to(tl.int32), axis=0) > stop:
-                v = tl.min(tl.where(skeys >= x, skeys, 2147483647), axis=0)
-                if tl.sum((skeys > v).to(tl.int32), axis=0) < rank:
-                    # v is the rank-th key: as many keys are at or above it as above x
-                    x = v
-                    exact = tl.full((), 1, tl.int32)
-                else:
-                    x = _search(skeys, rank, x, x | ((1 << TIE_BIT) - 1), stop, LOW_BIT)
+            x, above = _search_from(skeys, rank, -2147483648, 2147483647, stop, tl.full((), 2147483647, tl.int32),
+                                    TIE_BIT)
+            if above > stop:
+                tried = tl.full((), 0, tl.int32)
+                if above > 2 * rank:
+                    # far more keys than the rank in a bin this narrow: likely one value
+                    v = tl.min(tl.where(skeys >= x, skeys, 2147483647), axis=0)
+                    if tl.sum((skeys > v).to(tl.int32), axis=0) < rank:
+                        # v is the rank-th key (as many keys are at or above it as at x)
+                        x = v
+                        exact = tl.full((), 1, tl.int32)
+                        tried = tl.full((), 1, tl.int32)
+                if tried == 0:
+                    x, _ = _search_from(skeys, rank, x, x | ((1 << TIE_BIT) - 1), stop, above, LOW_BIT)
         else:
             x = _search(skeys, rank, -2147483648, 2147483647, stop, LOW_BIT)
         tcol = tl.full((), 2147483647, tl.int32)
