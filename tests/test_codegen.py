@@ -219,6 +219,9 @@ def _nvidia_topk_kernels(slices: int) -> None:
     if slices == 1:
         # the blocks dealt to the warps' lists (filter_deal; a split row's one list has none)
         _nvidia_compile(TK.filter_kernel, _FILTER_SIG, dict(filter_kw, DEAL=True), ptx)
+        # the filter's own sample (no sample kernel, no register cap) with sample_tie_bit
+        own = {key: v for key, v in filter_kw.items() if key != "maxnreg"}
+        _nvidia_compile(TK.filter_kernel, _FILTER_SIG, dict(own, PRESAMPLE=False, SECOND=False, TIE_BIT=20), ptx)
     if retry_kw is not None:
         _nvidia_compile(TK.filter_kernel, _FILTER_SIG, retry_kw, ())
     _nvidia_compile(TK.sample_kernel, _SAMPLE_SIG, sample_kw, ())

@@ -377,24 +377,29 @@ def test_every_distribution_selects_the_torch_set_in_one_filtering_pass(dist, kw
 
 
 @pytest.mark.parametrize("dist", LOGIT_DISTRIBUTIONS)
-@pytest.mark.parametrize("slices", [1, 4])
-def test_the_sample_tie_bit_leaves_every_threshold_as_the_full_search_gives_it(dist, slices):
-    # the sample kernel's search stopped at a bit and the least key above it tried as the
-    # rank-th key: the first and the retry's thresholds and column cuts, bit for bit, are the
-    # full search's (so the filter passes the same keys), and the sets are the torch path's
+@pytest.mark.parametrize("presample,slices", [(True, 1), (True, 4), (False, 1)])
+def test_the_sample_tie_bit_leaves_every_threshold_as_the_full_search_gives_it(dist, presample, slices):
+    # the search over the sample (the sample kernel's, or the filter's own) stopped at a bit
+    # and the least key above it tried as the rank-th key: the first and (sample kernel) the
+    # retry's thresholds and column cuts, bit for bit, are the full search's (so the filter
+    # passes the same keys), and the sets are the torch path's
     logits, masked, starts, lengths = _ragged_rows(dist, seed=7)
     dev = torch.device(DEVICE)
     found = []
     for tie_bit in (0, 12, 20, 31):
-        kw = dict(DIST_SAMPLE, presample=True, slices=slices, sample_tie_bit=tie_bit)
+        kw = dict(DIST_SAMPLE, presample=presample, slices=slices, sample_tie_bit=tie_bit)
         stats = _check(logits.to(DEVICE), masked, starts, lengths, 200, **kw)
         assert stats[TC.STAT_SAMPLED] == 4, (tie_bit, stats)
         run = T.RaggedTopk(dev, 4, logits.shape[1], starts.to(dev), lengths.to(dev), 200, config=_cfg(**kw))
         run(logits.to(DEVICE), torch.empty(4, 200, dtype=torch.int32, device=dev))
         c = run.cand32
-        found.append([c[v.offset: v.offset + n].cpu() for v, n in ((run.thr, 4), (run.tcol, 4), (run.thr2, 8))])
+        # (the filter stores its own sample's threshold, not its column; the keys each list
+        # took stand for the column)
+        cut = (run.tcol, 4) if presample else (run.counts, 4 * run.counters)
+        found.append([c[v.offset: v.offset + n].cpu()
+                      for v, n in ((run.thr, 4), cut) + (((run.thr2, 8),) if presample else ())])
     for tie_bit, got in zip((12, 20, 31), found[1:]):
-        for name, a, b in zip(("thr", "tcol", "thr2"), found[0], got):
+        for name, a, b in zip(("thr", "tcol or counts", "thr2"), found[0], got):
             assert torch.equal(a, b), (tie_bit, name, a, b)
 
 

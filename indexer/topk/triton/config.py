@@ -254,11 +254,12 @@ class TopkConfig:
             sample kernel runs (it reads little). Applies only where the filter launches with
             ``pdl`` after the sample kernel (NVIDIA); elsewhere, and at ``0``, nothing is
             prefetched. Not yet measured: off.
-        sample_tie_bit: The sample kernel's threshold search first stops at this bit of the
-            key; where the sample's keys left at or above it are still too many, it tries the
-            least of them as the rank-th key (two reductions), which settles a rank among many
-            equal keys without counting the remaining bits (0, or ``sample_low_bit + 1`` to
-            31; ``0``: off). Not yet measured: off.
+        sample_tie_bit: The threshold's search over a sample (the sample kernel's, or the
+            filter's own) first stops at this bit of the key; where more than twice the
+            rank of the sample's keys are still at or above it, it tries the least of them as
+            the rank-th key (two reductions), which settles a rank among many equal keys
+            without counting the remaining bits; the thresholds are the same (0, or
+            ``sample_low_bit + 1`` to 31; ``0``: off). Not yet measured: off.
         sample_warps: Warps of the sample kernel (a power of two up to 16). ``None``: 32 of
             its keys a thread, 16 where rows are split (``slices > 1``), within 1-16 warps.
     """
@@ -799,7 +800,7 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
         WB=fused_wb, num_warps=num_warps, **dict(common, W=num_warps), CAP=cap, SL=slices, RETRY=False,
         SECOND=second, RETRIES=bool(count_retries), JITTER=c.sample_jitter, DEAL=c.filter_deal, RETRY_FROM=retry_from,
         HIST=seed, RUN=c.split_run if slices > 1 and not c.split_stage else 0, STAGE=slices > 1 and c.split_stage,
-        PFK=0, PFS=0,
+        PFK=0, PFS=0, TIE_BIT=c.sample_tie_bit,
         **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
     sample_kw = None
     if presample:

@@ -919,6 +919,7 @@ if triton is not None:
         PDL: tl.constexpr = False,
         PFK: tl.constexpr = 0,
         PFS: tl.constexpr = 0,
+        TIE_BIT: tl.constexpr = 0,
     ):
         """Rows longer than ``WHOLE`` (and at least ``sample_min``): the threshold
         ``(thr[row], tcol[row])`` (:func:`_sample_cut`) and the keys at or above it in lists
@@ -982,7 +983,7 @@ if triton is not None:
                     else:
                         t, tc = _sample_cut(_sample_keys(base, sidx, smask),
                                             _run_rank(K, s, length, SIGMAS, PIECE), length, spread, SLACK, LOW_BIT,
-                                            NP, PIECE)
+                                            NP, PIECE, TIE_BIT)
                     total = _filter_range(base, 0, length, cand, cnt_ptr + row * W, t, tc, hist, W, BW, WCAP, BALLOT,
                                           DEPTH, False, DEAL, HIST)
                     # too few keys passed (rare): once more, twice as many sigmas deep into
@@ -999,7 +1000,7 @@ if triton is not None:
                         else:
                             t, tc = _sample_cut(_sample_keys(base, sidx, smask),
                                                 _run_rank(K, s, length, 2 * SIGMAS, 2 * PIECE), length, spread, SLACK,
-                                                LOW_BIT, NP, PIECE)
+                                                LOW_BIT, NP, PIECE, TIE_BIT)
                         if HIST:
                             # a list that overflowed with fewer than K keys in all (more lists
                             # than K / WCAP) counted keys from the first threshold's bins
