@@ -184,6 +184,12 @@ def _topk_kernels(arch: str, presample: bool, fused: bool, slices: int) -> None:
         row_kw = _topk_plan(dataclasses.replace(TC.DEFAULT_CONFIG, row_max=16384), 16384).row
         assert not row_kw["WB"] and "maxnreg" not in row_kw
         _compile(TK.row_kernel, _ROW_SIG, row_kw, arch)
+        # sample_tie_bit in the row kernel's searches and the filter's own sample's
+        _compile(TK.row_kernel, _ROW_SIG, dict(row_kw, TIE_BIT=20), arch)
+        if not presample:
+            _compile(TK.filter_kernel, _FILTER_SIG, dict(filter_kw, TIE_BIT=20), arch)
+    if presample:
+        _compile(TK.sample_kernel, _SAMPLE_SIG, dict(sample_kw, TIE_BIT=20), arch)
 
 
 def _nvidia_topk_kernels(slices: int) -> None:
@@ -289,6 +295,8 @@ def _nvidia_topk_kernels(slices: int) -> None:
             stores = _loop_local_stores(kernel)
             if cap is None or _triton_at_least(3, 7):
                 assert stores is None or (stores and not any(stores)), stores
+        # sample_tie_bit in its two searches
+        _nvidia_compile(TK.row_kernel, _ROW_SIG, dict(row_kw, TIE_BIT=20), ("vote.sync.ballot",))
 
 
 def _logits_kernels(arch: str) -> None:

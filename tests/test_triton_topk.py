@@ -417,7 +417,7 @@ ROW_SAMPLE = dict(row_max=2048, piece=8, sparse=4, sample_sparse=4)
 
 
 @pytest.mark.parametrize("dist", LOGIT_DISTRIBUTIONS)
-@pytest.mark.parametrize("kw", [dict(), dict(row_sigmas=0.25), dict(row_warps=2)])
+@pytest.mark.parametrize("kw", [dict(), dict(row_sigmas=0.25), dict(row_warps=2), dict(sample_tie_bit=20)])
 def test_row_kernel_selects_the_torch_set_on_every_distribution(dist, kw):
     # one launch, each row whole in registers: ties (equal, few distinct, zeros, a flat row
     # with outliers), ramps, a raised stretch, a sink; shifted, shortened and short windows;
@@ -1247,6 +1247,43 @@ def test_select_search_meets_the_bit_searchs_contract(bisect_after, span):
                 above = int((keys >= x).sum())
                 assert above >= need and (above == need or x == int(ordered[need - 1])), (name, need, below, x, above)
 
+
+
+@triton.jit
+def _search_tie_probe(keys_ptr, out_ptr, n, need, stop, TILE: tl.constexpr, LOW_BIT: tl.constexpr,
+                      TIE_BIT: tl.constexpr):
+    i = tl.arange(0, TILE)
+    keys = tl.load(keys_ptr + i, mask=i < n, other=-2147483648)
+    x, exact = TK._search_tie(keys, need, -2147483648, 2147483647, stop, LOW_BIT, TIE_BIT)
+    tl.store(out_ptr, x)
+    tl.store(out_ptr + 1, exact)
+    tl.store(out_ptr + 2, TK._search(keys, need, -2147483648, 2147483647, stop, LOW_BIT))
+
+
+@pytest.mark.parametrize("low_bit,tie_bit", [(0, 12), (0, 20), (8, 20), (8, 31), (16, 24)])
+def test_the_tie_search_finds_the_bit_searchs_key_and_flags_only_the_exact_rank(low_bit, tie_bit):
+    # _search_tie's key is _search's, but for a tie it found, which is the need-th largest key
+    # whole (with LOW_BIT 0, _search's too); ties are found where many keys equal the rank's
+    out = torch.zeros(3, dtype=torch.int32, device=DEVICE)
+    found_tie = 0
+    for name, keys in _key_cases():
+        n = keys.numel()
+        ordered = keys.sort(descending=True).values
+        for need in sorted(x for x in {1, 2, n // 3, n // 2, n - 1, n} if 1 <= x <= n):
+            for stop in (need, need + need // 32 + 1, 2 * need):
+                _search_tie_probe[(1,)](keys.to(DEVICE), out, n, need, stop, TILE=256, LOW_BIT=low_bit,
+                                        TIE_BIT=tie_bit)
+                x, exact, full = (int(v) for v in out.cpu())
+                if exact:
+                    found_tie += 1
+                    # (more than stop keys at or above it: a rank the slack cannot end early)
+                    assert x == int(ordered[need - 1]) and int((keys >= x).sum()) > stop, (name, need)
+                    # _search's key: the same, or below LOW_BIT the same key with those bits 0
+                    assert x == full or (low_bit and full == x & -(1 << low_bit)), (name, need, stop, x, full)
+                else:
+                    assert x == full, (name, need, stop, x, full)
+    # ("one value", "few values", "two values far apart", ties at the largest key)
+    assert found_tie >= 8, found_tie
 
 
 # the fallback path at toy sizes: every row longer than the 64-slot tile takes it; those of at

@@ -254,12 +254,12 @@ class TopkConfig:
             sample kernel runs (it reads little). Applies only where the filter launches with
             ``pdl`` after the sample kernel (NVIDIA); elsewhere, and at ``0``, nothing is
             prefetched. Not yet measured: off.
-        sample_tie_bit: The threshold's search over a sample (the sample kernel's, or the
-            filter's own) first stops at this bit of the key; where more than twice the
-            rank of the sample's keys are still at or above it, it tries the least of them as
-            the rank-th key (two reductions), which settles a rank among many equal keys
-            without counting the remaining bits; the thresholds are the same (0, or
-            ``sample_low_bit + 1`` to 31; ``0``: off). Not yet measured: off.
+        sample_tie_bit: The searches over a sample (the sample kernel's, the filter's own,
+            the row kernel's two bracketing keys) first stop at this bit of the key; where
+            more than twice the rank of the sample's keys are still at or above it, the least
+            of them is tried as the rank-th key (two reductions), which settles a rank among
+            many equal keys without counting the remaining bits; the keys found are the same
+            (0, or ``sample_low_bit + 1`` to 31; ``0``: off). Not yet measured: off.
         sample_warps: Warps of the sample kernel (a power of two up to 16). ``None``: 32 of
             its keys a thread, 16 where rows are split (``slices > 1``), within 1-16 warps.
     """
@@ -764,6 +764,7 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
         row_kw = LaunchKw(K=topk, KP=_next_pow2(topk), T=whole, NP=runs, PIECE=piece, SPARSE=c.sparse,
                           SIGMAS=float(c.row_sigmas), SLACK=float(c.sample_slack), CH=chunk,
                           WB=bool(c.ballot_write) and chunk % (128 * warps) == 0, STATS=has_stats,
+                          TIE_BIT=c.sample_tie_bit,
                           num_warps=warps, **(dict(maxnreg=c.row_maxnreg) if capped else {}))
         return LaunchPlan(c.programs_per_sm, num_warps, cap, None, None, None, (), None, _with_pdl(row_kw, pdl))
     if presample is None:

@@ -338,6 +338,36 @@ if triton is not None:
         return x
 
     @triton.jit
+    def _search_tie(keys, need, lo, hi, stop, LOW_BIT: tl.constexpr, TIE_BIT: tl.constexpr):
+        """:func:`_search`'s key, and whether it is exactly the ``need``-th largest key. With
+        ``TIE_BIT`` above ``LOW_BIT`` the search first stops at bit ``TIE_BIT``; where a count
+        says more than ``max(stop, 2 * need)`` keys are still at or above it (far more than a bin that
+        narrow holds unless its keys are equal), the least of them is tried as the
+        ``need``-th key (it is where fewer than ``need`` keys lie above it): a rank among many
+        equal keys in two reductions instead of a count for each remaining bit, which no
+        count narrows. Otherwise the search goes on from there with the count it has. The
+        key is :func:`_search`'s, except that a tie found is the tied key whole, where
+        :func:`_search` leaves its bits below ``LOW_BIT`` 0 (with ``LOW_BIT`` 0, the same)."""
+        exact = tl.full((), 0, tl.int32)
+        if TIE_BIT > LOW_BIT:
+            x, above = _search_from(keys, need, lo, hi, stop, tl.full((), 2147483647, tl.int32), TIE_BIT)
+            if above > stop:
+                tried = tl.full((), 0, tl.int32)
+                # (only after a count: with none, the bit search's own result may lie below v)
+                if (above > 2 * need) & (above < 2147483647):
+                    v = tl.min(tl.where(keys >= x, keys, 2147483647), axis=0)
+                    if tl.sum((keys > v).to(tl.int32), axis=0) < need:
+                        # v is the need-th key (as many keys are at or above it as at x)
+                        x = v
+                        exact = tl.full((), 1, tl.int32)
+                        tried = tl.full((), 1, tl.int32)
+                if tried == 0:
+                    x, _ = _search_from(keys, need, x, x | ((1 << TIE_BIT) - 1), stop, above, LOW_BIT)
+        else:
+            x = _search(keys, need, lo, hi, stop, LOW_BIT)
+        return x, exact
+
+    @triton.jit
     def kth_key(keys, need, lo, count_lo, hi, BISECT_AFTER: tl.constexpr, SPAN: tl.constexpr):
         """The select's search: a key ``x`` with at least ``need`` of ``keys`` (int32 [T],
         empty slots ``-2**31``) at or above it and either exactly ``need`` of them or ``x``
@@ -452,31 +482,10 @@ if triton is not None:
         fewer), and since ties go to the lowest columns the ``k`` selected stay among them.
         ``skeys`` is :func:`_row_sample`'s tile: ``NP`` runs of ``PIECE`` slots, run ``j``
         in the row's columns ``[j * spread, (j + 1) * spread)``.
-        With ``TIE_BIT`` above ``LOW_BIT``, the search first stops at bit ``TIE_BIT``; if more
-        than ``max(stop, 2 * rank)`` keys are still at or above it there, the least of them is
-        tried as the ``rank``-th key (it is where fewer than ``rank`` keys lie above it), so
-        that a rank among many equal keys is found in two reductions instead of the remaining
-        bits' counts and the exact search below ``LOW_BIT``; otherwise the search goes on from
-        there, with the count it has."""
+        ``TIE_BIT``: :func:`_search_tie`'s; a tie it finds skips the exact search below
+        ``LOW_BIT``."""
         stop = rank + (rank.to(tl.float32) * SLACK).to(tl.int32)
-        exact = tl.full((), 0, tl.int32)
-        if TIE_BIT > LOW_BIT:
-            x, above = _search_from(skeys, rank, -2147483648, 2147483647, stop, tl.full((), 2147483647, tl.int32),
-                                    TIE_BIT)
-            if above > stop:
-                tried = tl.full((), 0, tl.int32)
-                if above > 2 * rank:
-                    # far more keys than the rank in a bin this narrow: likely one value
-                    v = tl.min(tl.where(skeys >= x, skeys, 2147483647), axis=0)
-                    if tl.sum((skeys > v).to(tl.int32), axis=0) < rank:
-                        # v is the rank-th key (as many keys are at or above it as at x)
-                        x = v
-                        exact = tl.full((), 1, tl.int32)
-                        tried = tl.full((), 1, tl.int32)
-                if tried == 0:
-                    x, _ = _search_from(skeys, rank, x, x | ((1 << TIE_BIT) - 1), stop, above, LOW_BIT)
-        else:
-            x = _search(skeys, rank, -2147483648, 2147483647, stop, LOW_BIT)
+        x, exact = _search_tie(skeys, rank, -2147483648, 2147483647, stop, LOW_BIT, TIE_BIT)
         tcol = tl.full((), 2147483647, tl.int32)
         if tl.sum((skeys >= x).to(tl.int32), axis=0) > stop:
             # the search ran out of bits: the rank-th key exactly (it lies in x's last
@@ -1830,6 +1839,7 @@ if triton is not None:
         WB: tl.constexpr,
         STATS: tl.constexpr,
         PDL: tl.constexpr = False,
+        TIE_BIT: tl.constexpr = 0,
     ):
         """The top k of row ``program_id`` (at most ``T`` keys) in one program, with no
         scratch but the row's write counter ``wpos[row]`` (zeroed here). The row's keys are
@@ -1868,9 +1878,9 @@ if triton is not None:
             deep = _run_rank(K, s, length, SIGMAS, PIECE)
             shallow = tl.maximum((mu - tl.maximum(SIGMAS * tl.sqrt(mu), PIECE)).to(tl.int32), 1)
             stop = (SLACK * deep.to(tl.float32)).to(tl.int32)
-            x_lo = _search(skeys, deep, -2147483648, 2147483647, deep + stop, 0)
+            x_lo, _ = _search_tie(skeys, deep, -2147483648, 2147483647, deep + stop, 0, TIE_BIT)
             # (the shallow rank's key is at or above the deep one's, so x_lo bounds it below)
-            x_hi = _search(skeys, shallow, x_lo, 2147483647, shallow, 0)
+            x_hi, _ = _search_tie(skeys, shallow, x_lo, 2147483647, shallow, 0, TIE_BIT)
             c_lo = tl.sum((keys >= x_lo).to(tl.int32), axis=0)
             c_hi = tl.sum((keys >= x_hi).to(tl.int32), axis=0)
             # the bracket [a, b): count(a) >= K > count(b); empty slots (-2**31) lie below
