@@ -169,6 +169,7 @@ def _topk_kernels(arch: str, presample: bool, fused: bool, slices: int) -> None:
     for _, kw in selects:
         assert not kw["WB"]
         _compile(TK.select_kernel, _SELECT_SIG, kw, arch)
+    _compile(TK.select_kernel, _SELECT_SIG, dict(selects[0][1], SNAP=True), arch)
     if presample:
         _compile(TK.sample_kernel, _SAMPLE_SIG, sample_kw, arch)
     # 64K-key rows: the split fallback is planned unless the select is fused into the filter
@@ -235,6 +236,8 @@ def _nvidia_topk_kernels(slices: int) -> None:
     _nvidia_compile(TK.sample_kernel, _SAMPLE_SIG, dict(sample_kw, TIE_BIT=20), ())
     for _, kw in selects:
         _nvidia_compile(TK.select_kernel, _SELECT_SIG, kw, ("vote.sync.ballot",) if kw["WB"] else ())
+    # the k-th key's search snapping its ends to keys (select_snap)
+    _nvidia_compile(TK.select_kernel, _SELECT_SIG, dict(selects[0][1], SNAP=True), ())
     # the split fallback's passes wait on a row's pass counter (an acquiring load or atomic) and
     # release it; on NVIDIA they count digits and place indices by warp ballots
     # (fallback_ballot), or, turned off, by tl.histogram and a scan

@@ -403,12 +403,31 @@ def test_the_sample_tie_bit_leaves_every_threshold_as_the_full_search_gives_it(d
             assert torch.equal(a, b), (tie_bit, name, a, b)
 
 
+@pytest.mark.parametrize("dist", LOGIT_DISTRIBUTIONS)
+@pytest.mark.parametrize("slices", [1, 4])
+def test_the_select_snap_writes_the_same_table(dist, slices):
+    # the k-th key's search with its ends moved to the nearest keys: the torch path's sets, and
+    # the table bit for bit the one without (the selection depends on the key's contract only)
+    logits, masked, starts, lengths = _ragged_rows(dist, seed=9)
+    dev = torch.device(DEVICE)
+    tables = []
+    for snap in (False, True):
+        kw = dict(DIST_SAMPLE, slices=slices, select_snap=snap)
+        _check(logits.to(DEVICE), masked, starts, lengths, 200, **kw)
+        out = torch.empty(4, 200, dtype=torch.int32, device=dev)
+        T.ragged_topk(logits.to(DEVICE), starts.to(dev), lengths.to(dev), 200, out, config=_cfg(**kw))
+        tables.append(out.cpu())
+    assert torch.equal(tables[0], tables[1])
+
+
 def test_the_sample_tie_bit_is_checked_against_the_low_bit():
     with pytest.raises(ValueError, match="sample_tie_bit"):
         TC.TopkConfig(sample_tie_bit=8)  # not above sample_low_bit (8)
     with pytest.raises(ValueError, match="sample_tie_bit"):
         TC.TopkConfig(sample_tie_bit=32)
     assert TC.TopkConfig(sample_low_bit=4, sample_tie_bit=8).sample_tie_bit == 8
+    with pytest.raises(ValueError, match="select_snap"):
+        TC.TopkConfig(select_snap=1)
 
 
 # the row kernel at toy sizes: rows of up to 2048 keys in registers, its sample runs of 8
@@ -1192,12 +1211,12 @@ def test_a_float_or_bool_option_is_refused_after_its_int_twin_ran(bad):
 
 @triton.jit
 def _kth_key_probe(keys_ptr, out_ptr, n, need, below, TILE: tl.constexpr, BISECT_AFTER: tl.constexpr,
-                   SPAN: tl.constexpr):
+                   SPAN: tl.constexpr, SNAP: tl.constexpr = False):
     # lo: the least key, or `below` keys under it (as the filter's threshold may be)
     i = tl.arange(0, TILE)
     keys = tl.load(keys_ptr + i, mask=i < n, other=-2147483648)
     lo = tl.maximum(tl.min(tl.where(i < n, keys, 2147483647), axis=0).to(tl.int64) - below, -2147483648)
-    tl.store(out_ptr, TK.kth_key(keys, need, lo.to(tl.int32), n, tl.max(keys, axis=0), BISECT_AFTER, SPAN))
+    tl.store(out_ptr, TK.kth_key(keys, need, lo.to(tl.int32), n, tl.max(keys, axis=0), BISECT_AFTER, SPAN, SNAP))
 
 
 def _key_cases():
@@ -1230,7 +1249,8 @@ def _key_cases():
 @pytest.mark.parametrize("bisect_after,span", [
     (0, TC.SEARCH_SPAN), (1, TC.SEARCH_SPAN), (TC.SEARCH_BISECT_AFTER, 0), (TC.SEARCH_BISECT_AFTER, TC.SEARCH_SPAN),
     (TC.SEARCH_BISECT_AFTER, 1 << 40)])
-def test_select_search_meets_the_bit_searchs_contract(bisect_after, span):
+@pytest.mark.parametrize("snap", [False, True])
+def test_select_search_meets_the_bit_searchs_contract(bisect_after, span, snap):
     # kth_key's x: at least `need` keys >= x, and exactly `need` of them unless x is the
     # need-th largest key itself (the select's gt/eq split relies on it), on shapes that slow
     # regula falsi down (outliers, clusters, ties), from a lower bound at or below the least
@@ -1242,7 +1262,7 @@ def test_select_search_meets_the_bit_searchs_contract(bisect_after, span):
         for need in sorted(x for x in {1, 2, n // 3, n // 2, n - 1, n} if 1 <= x <= n):
             for below in (0, 1000):
                 _kth_key_probe[(1,)](keys.to(DEVICE), out, n, need, below, TILE=256, BISECT_AFTER=bisect_after,
-                                     SPAN=span)
+                                     SPAN=span, SNAP=snap)
                 x = int(out.item())
                 above = int((keys >= x).sum())
                 assert above >= need and (above == need or x == int(ordered[need - 1])), (name, need, below, x, above)

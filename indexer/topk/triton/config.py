@@ -260,6 +260,11 @@ class TopkConfig:
             of them is tried as the rank-th key (two reductions), which settles a rank among
             many equal keys without counting the remaining bits; the keys found are the same
             (0, or ``sample_low_bit + 1`` to 31; ``0``: off). Not yet measured: off.
+        select_snap: The select's search for the k-th key among a row's candidates moves an
+            end of its bracket to the nearest key wherever a count finds no key between the
+            probe and that end (one more reduction), instead of narrowing a gap a few keys a
+            count: candidates of few distinct values (ties at the threshold, outliers) settle
+            in a few counts. The same key contract, the same table. Not yet measured: off.
         sample_warps: Warps of the sample kernel (a power of two up to 16). ``None``: 32 of
             its keys a thread, 16 where rows are split (``slices > 1``), within 1-16 warps.
     """
@@ -316,9 +321,10 @@ class TopkConfig:
     sample_warps: int | None = None
     filter_l2_prefetch: float = 0.0
     sample_tie_bit: int = 0
+    select_snap: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("fused", "tile_write", "dynamic", "ballot_write", "sample_jitter", "filter_deal"):
+        for name in ("fused", "tile_write", "dynamic", "ballot_write", "sample_jitter", "filter_deal", "select_snap"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("presample", "ballot", "fallback_ballot", "fallback_seed", "pdl"):
@@ -819,7 +825,7 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
     retry_kw = LaunchKw(filter_kw, RETRY=True, DYNAMIC=False) if slices > 1 else None
     selects = select_launches(common, tile, cap, c.select_warps, fused, c.tile_write, c.select_maxnreg,
                                c.ballot_write, c.fallback_split if fallback_kw is not None else 0,
-                               fallback_kw["BUF"] if seed else None, bool(count_seeded), slices > 1)
+                               fallback_kw["BUF"] if seed else None, bool(count_seeded), slices > 1, c.select_snap)
     return LaunchPlan(c.programs_per_sm, num_warps, cap, _with_pdl(sample_kw, pdl), _with_pdl(filter_kw, pdl),
                       _with_pdl(retry_kw, pdl), tuple((first, _with_pdl(kw, pdl)) for first, kw in selects),
                       _with_pdl(fallback_kw, pdl), None)
@@ -901,7 +907,7 @@ def select_constexprs(topk: int, lists: int, cap: int, whole: int, block: int, r
 def select_launches(common: dict, tile: int, cap: int, select_warps: int, fused: bool = False,
                      tile_write: bool = False, select_maxnreg: int | None = None, ballot_write: bool = False,
                      fallback_split: int = 0, seed_buffer: int | None = None, count_seeded: bool = False,
-                     split: bool = False) -> tuple:
+                     split: bool = False, snap: bool = False) -> tuple:
     """The select kernel's launches as ``((first, keywords), ...)``: the first (unless fused
     into the filter) with tiles of ``tile`` slots; then the rows whose lists did not fit,
     with tiles of ``cap`` (and, fused, the fallback path's), unless the first tile holds them.
@@ -911,7 +917,9 @@ def select_launches(common: dict, tile: int, cap: int, select_warps: int, fused:
     launch (:func:`fallback_launch`) instead of selecting them; with ``seed_buffer`` (its
     buffer's keys), those whose lists overflowed start from the filter's histogram
     (``fallback_seed``; ``count_seeded``: counted in ``stats[STAT_SEEDED]``). ``split``: the
-    rows were split across filter programs (one list a row with empty slots, its count apart)."""
+    rows were split across filter programs (one list a row with empty slots, its count apart).
+    ``snap``: the k-th key's search moves an end to the nearest key where a count finds none
+    between (``select_snap``)."""
     lists = common["W"]
     selects = []
     for first, slots in ((True, tile), (False, cap)):
@@ -922,5 +930,5 @@ def select_launches(common: dict, tile: int, cap: int, select_warps: int, fused:
         selects.append((first, LaunchKw(
             STW=slots // lists, CH=ch, FIRST=first, num_warps=warps, WB=wb, PSPLIT=fallback_split if first else 0,
             SEED=first and seed_buffer is not None, SBUF=seed_buffer or 0, SEEDSTAT=first and count_seeded,
-            SPLIT=split, **common, **(dict(maxnreg=select_maxnreg) if first and select_maxnreg else {}))))
+            SPLIT=split, SNAP=snap, **common, **(dict(maxnreg=select_maxnreg) if first and select_maxnreg else {}))))
     return tuple(selects)

@@ -368,7 +368,8 @@ if triton is not None:
         return x, exact
 
     @triton.jit
-    def kth_key(keys, need, lo, count_lo, hi, BISECT_AFTER: tl.constexpr, SPAN: tl.constexpr):
+    def kth_key(keys, need, lo, count_lo, hi, BISECT_AFTER: tl.constexpr, SPAN: tl.constexpr,
+                SNAP: tl.constexpr = False):
         """The select's search: a key ``x`` with at least ``need`` of ``keys`` (int32 [T],
         empty slots ``-2**31``) at or above it and either exactly ``need`` of them or ``x``
         the ``need``-th largest key (the contract of :func:`_search` with ``stop == need``),
@@ -381,9 +382,11 @@ if triton is not None:
         ``BISECT_AFTER + 33`` counts). CPU simulation, k=2048, mean counts a row against the
         bit search's: sampled candidates of H200-shaped logits 7.3-8.0 against 14.3; whole
         rows of 3000-4096 such keys 13.2-13.3 against 17.3-17.5; 4096 normal, uniform or
-        exponential floats 11.4 / 10.5 / 9.1 against 13.6 / 14.6 / 17.9."""
+        exponential floats 11.4 / 10.5 / 9.1 against 13.6 / 14.6 / 17.9. ``SNAP``: as
+        :func:`kth_between`'s (an end moved to the nearest key where a count finds none
+        between; the same contract)."""
         a, _, _ = kth_between(keys, need, lo, count_lo, hi.to(tl.int64) + 1, tl.full((), 0, tl.int32), BISECT_AFTER,
-                              SPAN)
+                              SPAN, SNAP)
         return a
 
     @triton.jit
@@ -1639,6 +1642,7 @@ if triton is not None:
         SBUF: tl.constexpr = 0,
         SEEDSTAT: tl.constexpr = False,
         SPLIT: tl.constexpr = False,
+        SNAP: tl.constexpr = False,
     ):
         """The top k of one row (its candidates filtered already, if it is longer than
         ``WHOLE``) with a tile of ``STW`` slots a list. A first launch (``FIRST``) queues
@@ -1697,7 +1701,7 @@ if triton is not None:
             if path == 0:
                 # every key of the tile is at or above lo (the row's least, or the filter's
                 # threshold): `total` of them
-                kth = kth_key(keys, K, lo, total, tl.max(keys, axis=0), _BISECT_AFTER, _SPAN)
+                kth = kth_key(keys, K, lo, total, tl.max(keys, axis=0), _BISECT_AFTER, _SPAN, SNAP)
                 gt = keys > kth
                 eq = keys == kth
                 need = K - tl.sum(gt.to(tl.int32), axis=0)
@@ -1798,6 +1802,7 @@ if triton is not None:
         SEEDSTAT: tl.constexpr = False,
         SPLIT: tl.constexpr = False,
         PDL: tl.constexpr = False,
+        SNAP: tl.constexpr = False,
     ):
         """``FIRST``: one row a program, every row. Otherwise the rows a first launch queued
         (``ctl[1]`` of them at ``ctl[5:]``): program ``p`` takes entry ``p``, then pulls
@@ -1811,7 +1816,7 @@ if triton is not None:
             _select_row(pid.to(tl.int64), tl.load(lengths_ptr + pid).to(tl.int32), logits_ptr, starts_ptr, out_ptr,
                         cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min,
                         hist_ptr, thr1_ptr, K, KP, W, WCAP, STW, WHOLE, CH, BLOCK, RADIX_BITS, R, True, True, STATS, WB,
-                        PSPLIT, SEED, SBUF, SEEDSTAT, SPLIT)
+                        PSPLIT, SEED, SBUF, SEEDSTAT, SPLIT, SNAP)
         else:
             queued = tl.load(ctl_ptr + 1)
             i = pid
@@ -1820,7 +1825,7 @@ if triton is not None:
                 _select_row(row, tl.load(lengths_ptr + row).to(tl.int32), logits_ptr, starts_ptr, out_ptr, cand32_ptr,
                             cnt_ptr, thr_ptr, ctl_ptr, wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, hist_ptr,
                             thr1_ptr, K, KP, W, WCAP, STW, WHOLE, CH, BLOCK, RADIX_BITS, R, False, True, STATS, WB, 0,
-                            False, 0, False, SPLIT)
+                            False, 0, False, SPLIT, SNAP)
                 i = tl.num_programs(0) + tl.atomic_add(ctl_ptr + 2, 1)
 
 
