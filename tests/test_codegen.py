@@ -158,6 +158,9 @@ def _topk_kernels(arch: str, presample: bool, fused: bool, slices: int) -> None:
     assert filter_kw["SL"] == slices
     assert not filter_kw["BALLOT"] and not filter_kw["WB"] and "maxnreg" not in filter_kw
     _compile(TK.filter_kernel, _FILTER_SIG, filter_kw, arch)
+    if fused:
+        # its select's search snapping to keys (select_snap)
+        _compile(TK.filter_kernel, _FILTER_SIG, dict(filter_kw, SNAP=True), arch)
     if not presample and not fused:
         # the filter's own sample with its runs jittered (sample_jitter)
         _compile(TK.filter_kernel, _FILTER_SIG, dict(filter_kw, JITTER=True), arch)

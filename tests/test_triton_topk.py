@@ -404,19 +404,20 @@ def test_the_sample_tie_bit_leaves_every_threshold_as_the_full_search_gives_it(d
 
 
 @pytest.mark.parametrize("dist", LOGIT_DISTRIBUTIONS)
-@pytest.mark.parametrize("slices", [1, 4])
-def test_the_select_snap_writes_the_same_table(dist, slices):
+@pytest.mark.parametrize("slices,fused", [(1, False), (4, False), (1, True)])
+def test_the_select_snap_selects_the_same_sets(dist, slices, fused):
     # the k-th key's search with its ends moved to the nearest keys: the torch path's sets, and
-    # the table bit for bit the one without (the selection depends on the key's contract only)
+    # each row the one without (the selection depends on the key's contract only; the order of
+    # a row's indices is not fixed where warp ballots place them)
     logits, masked, starts, lengths = _ragged_rows(dist, seed=9)
     dev = torch.device(DEVICE)
     tables = []
     for snap in (False, True):
-        kw = dict(DIST_SAMPLE, slices=slices, select_snap=snap)
+        kw = dict(DIST_SAMPLE, slices=slices, fused=fused, select_snap=snap)
         _check(logits.to(DEVICE), masked, starts, lengths, 200, **kw)
         out = torch.empty(4, 200, dtype=torch.int32, device=dev)
         T.ragged_topk(logits.to(DEVICE), starts.to(dev), lengths.to(dev), 200, out, config=_cfg(**kw))
-        tables.append(out.cpu())
+        tables.append(out.cpu().sort(dim=1).values)
     assert torch.equal(tables[0], tables[1])
 
 
@@ -1219,6 +1220,13 @@ def _kth_key_probe(keys_ptr, out_ptr, n, need, below, TILE: tl.constexpr, BISECT
     tl.store(out_ptr, TK.kth_key(keys, need, lo.to(tl.int32), n, tl.max(keys, axis=0), BISECT_AFTER, SPAN, SNAP))
 
 
+def _key_cases_floats(values):
+    # _skey of float32 values, on the host
+    v = torch.tensor(values, dtype=torch.float32)
+    bits = v.view(torch.int32)
+    return bits ^ ((bits >> 31) & torch.iinfo(torch.int32).max)
+
+
 def _key_cases():
     g = torch.Generator().manual_seed(5)
     i32 = torch.iinfo(torch.int32)
@@ -1270,38 +1278,44 @@ def test_select_search_meets_the_bit_searchs_contract(bisect_after, span, snap):
 
 
 @triton.jit
-def _search_tie_probe(keys_ptr, out_ptr, n, need, stop, TILE: tl.constexpr, LOW_BIT: tl.constexpr,
+def _search_tie_probe(keys_ptr, out_ptr, n, need, lo, stop, TILE: tl.constexpr, LOW_BIT: tl.constexpr,
                       TIE_BIT: tl.constexpr):
     i = tl.arange(0, TILE)
     keys = tl.load(keys_ptr + i, mask=i < n, other=-2147483648)
-    x, exact = TK._search_tie(keys, need, -2147483648, 2147483647, stop, LOW_BIT, TIE_BIT)
+    x, exact = TK._search_tie(keys, need, lo, 2147483647, stop, LOW_BIT, TIE_BIT)
     tl.store(out_ptr, x)
     tl.store(out_ptr + 1, exact)
-    tl.store(out_ptr + 2, TK._search(keys, need, -2147483648, 2147483647, stop, LOW_BIT))
+    tl.store(out_ptr + 2, TK._search(keys, need, lo, 2147483647, stop, LOW_BIT))
 
 
 @pytest.mark.parametrize("low_bit,tie_bit", [(0, 12), (0, 20), (8, 20), (8, 31), (16, 24)])
 def test_the_tie_search_finds_the_bit_searchs_key_and_flags_only_the_exact_rank(low_bit, tie_bit):
     # _search_tie's key is _search's, but for a tie it found, which is the need-th largest key
-    # whole (with LOW_BIT 0, _search's too); ties are found where many keys equal the rank's
+    # whole (with LOW_BIT 0, _search's too); ties are found where many keys equal the rank's.
+    # From the whole range, and from a lower bound `lo` at a key with at least `need` keys at
+    # or above it (as the row kernel's second search starts from its first's key)
     out = torch.zeros(3, dtype=torch.int32, device=DEVICE)
     found_tie = 0
-    for name, keys in _key_cases():
+    cases = list(_key_cases())
+    # lo's leading bits shared with the whole range's top above TIE_BIT, the first stage no count
+    cases.append(("a bound among large keys", _key_cases_floats([3.0, 3.5, 4.0])))
+    for name, keys in cases:
         n = keys.numel()
         ordered = keys.sort(descending=True).values
         for need in sorted(x for x in {1, 2, n // 3, n // 2, n - 1, n} if 1 <= x <= n):
-            for stop in (need, need + need // 32 + 1, 2 * need):
-                _search_tie_probe[(1,)](keys.to(DEVICE), out, n, need, stop, TILE=256, LOW_BIT=low_bit,
-                                        TIE_BIT=tie_bit)
-                x, exact, full = (int(v) for v in out.cpu())
-                if exact:
-                    found_tie += 1
-                    # (more than stop keys at or above it: a rank the slack cannot end early)
-                    assert x == int(ordered[need - 1]) and int((keys >= x).sum()) > stop, (name, need)
-                    # _search's key: the same, or below LOW_BIT the same key with those bits 0
-                    assert x == full or (low_bit and full == x & -(1 << low_bit)), (name, need, stop, x, full)
-                else:
-                    assert x == full, (name, need, stop, x, full)
+            for lo in {-2147483648, int(ordered[min(n - 1, need + n // 4)]), int(ordered[need - 1])}:
+                for stop in (need, need + need // 32 + 1, 2 * need, need + 1):
+                    _search_tie_probe[(1,)](keys.to(DEVICE), out, n, need, lo, stop, TILE=256, LOW_BIT=low_bit,
+                                            TIE_BIT=tie_bit)
+                    x, exact, full = (int(v) for v in out.cpu())
+                    if exact:
+                        found_tie += 1
+                        # (more than stop keys at or above it: a rank the slack cannot end early)
+                        assert x == int(ordered[need - 1]) and int((keys >= x).sum()) > stop, (name, need)
+                        # _search's key: the same, or below LOW_BIT the same key with those bits 0
+                        assert x == full or (low_bit and full == x & -(1 << low_bit)), (name, need, lo, stop, x, full)
+                    else:
+                        assert x == full, (name, need, lo, stop, x, full)
     # ("one value", "few values", "two values far apart", ties at the largest key)
     assert found_tie >= 8, found_tie
 

@@ -255,16 +255,18 @@ class TopkConfig:
             ``pdl`` after the sample kernel (NVIDIA); elsewhere, and at ``0``, nothing is
             prefetched. Not yet measured: off.
         sample_tie_bit: The searches over a sample (the sample kernel's, the filter's own,
-            the row kernel's two bracketing keys) first stop at this bit of the key; where
-            more than twice the rank of the sample's keys are still at or above it, the least
-            of them is tried as the rank-th key (two reductions), which settles a rank among
-            many equal keys without counting the remaining bits; the keys found are the same
-            (0, or ``sample_low_bit + 1`` to 31; ``0``: off). Not yet measured: off.
+            the row kernel's two bracketing keys) pause below this bit of the key; where more
+            of the sample's keys than the search's slack allows and than twice the rank are
+            still at or above it, the least of them is tried as the rank-th key (two
+            reductions), which settles a rank among many equal keys without counting the
+            remaining bits; the keys found are the same (0, or ``sample_low_bit + 1`` to 31;
+            ``0``: off). Not yet measured: off.
         select_snap: The select's search for the k-th key among a row's candidates moves an
             end of its bracket to the nearest key wherever a count finds no key between the
             probe and that end (one more reduction), instead of narrowing a gap a few keys a
             count: candidates of few distinct values (ties at the threshold, outliers) settle
-            in a few counts. The same key contract, the same table. Not yet measured: off.
+            in a few counts (the select launches' and, with ``fused``, the filter's). The same
+            key contract, the same selected sets. Not yet measured: off.
         sample_warps: Warps of the sample kernel (a power of two up to 16). ``None``: 32 of
             its keys a thread, 16 where rows are split (``slices > 1``), within 1-16 warps.
     """
@@ -807,7 +809,7 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
         WB=fused_wb, num_warps=num_warps, **dict(common, W=num_warps), CAP=cap, SL=slices, RETRY=False,
         SECOND=second, RETRIES=bool(count_retries), JITTER=c.sample_jitter, DEAL=c.filter_deal, RETRY_FROM=retry_from,
         HIST=seed, RUN=c.split_run if slices > 1 and not c.split_stage else 0, STAGE=slices > 1 and c.split_stage,
-        PFK=0, PFS=0, TIE_BIT=c.sample_tie_bit,
+        PFK=0, PFS=0, TIE_BIT=c.sample_tie_bit, SNAP=c.select_snap,
         **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
     sample_kw = None
     if presample:

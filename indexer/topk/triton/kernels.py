@@ -301,22 +301,11 @@ if triton is not None:
         return new_taken
 
     @triton.jit
-    def _search_from(keys, need, lo, hi, stop, above, LOW_BIT: tl.constexpr):
-        """A key ``x`` with at least ``need`` of ``keys`` (int32 [T], empty slots ``-2**31``)
-        at or above it, given ``lo <= x <= hi``: bit by bit, most significant first, on the
-        keys' unsigned form, one count a bit where ``lo`` and ``hi`` differ. The search ends
-        early, its lower bits 0, once at most ``stop`` (>= ``need``) keys are at or above
-        ``x``; otherwise ``x`` is the largest such key but for the bits below ``LOW_BIT``,
-        left 0. Either way ``x`` is a lower bound of the ``need``-th largest key; with
-        ``stop == need`` an early end means exactly ``need`` keys are ``>= x``, the same set
-        as the ``need`` largest, so the callers' selection by ``x`` stays exact. ``above``:
-        the count of keys at or above ``lo`` if known, else ``2**31 - 1``. Returns ``x`` and
-        the count of keys at or above it (``2**31 - 1`` if no count was taken)."""
-        lo_u = lo ^ -2147483648
-        diff = lo_u ^ (hi ^ -2147483648)
-        a = tl.full((), 0, tl.int32)
+    def _search_bits(keys, need, lo_u, diff, stop, a, above, b, LOW_BIT: tl.constexpr):
+        # the bit search's loop from bit b down to LOW_BIT (or until at most stop keys are at
+        # or above a), its state: a (unsigned form) and above, the count of keys at or above
+        # a once one has been taken (2**31 - 1 before)
         one = tl.full((), 1, tl.int32)
-        b = tl.full((), 31, tl.int32)
         # most rows settle well before the last bit: the gap below the need-th key is wide
         while (b >= LOW_BIT) & (above > stop):
             bit = one << b
@@ -329,31 +318,44 @@ if triton is not None:
                     a = cand
                     above = c
             b -= 1
-        return a ^ -2147483648, above
+        return a, above
 
     @triton.jit
     def _search(keys, need, lo, hi, stop, LOW_BIT: tl.constexpr):
-        """:func:`_search_from` with no count known: the key ``x`` alone."""
-        x, _ = _search_from(keys, need, lo, hi, stop, tl.full((), 2147483647, tl.int32), LOW_BIT)
-        return x
+        """A key ``x`` with at least ``need`` of ``keys`` (int32 [T], empty slots ``-2**31``)
+        at or above it, given ``lo <= x <= hi``: bit by bit, most significant first, on the
+        keys' unsigned form, one count a bit where ``lo`` and ``hi`` differ. The search ends
+        early, its lower bits 0, once at most ``stop`` (>= ``need``) keys are at or above
+        ``x``; otherwise ``x`` is the largest such key but for the bits below ``LOW_BIT``,
+        left 0. Either way ``x`` is a lower bound of the ``need``-th largest key; with
+        ``stop == need`` an early end means exactly ``need`` keys are ``>= x``, the same set
+        as the ``need`` largest, so the callers' selection by ``x`` stays exact."""
+        lo_u = lo ^ -2147483648
+        a, _ = _search_bits(keys, need, lo_u, lo_u ^ (hi ^ -2147483648), stop, tl.full((), 0, tl.int32),
+                            tl.full((), 2147483647, tl.int32), tl.full((), 31, tl.int32), LOW_BIT)
+        return a ^ -2147483648
 
     @triton.jit
     def _search_tie(keys, need, lo, hi, stop, LOW_BIT: tl.constexpr, TIE_BIT: tl.constexpr):
         """:func:`_search`'s key, and whether it is exactly the ``need``-th largest key. With
-        ``TIE_BIT`` above ``LOW_BIT`` the search first stops at bit ``TIE_BIT``; where a count
-        says more than ``max(stop, 2 * need)`` keys are still at or above it (far more than a bin that
-        narrow holds unless its keys are equal), the least of them is tried as the
+        ``TIE_BIT`` above ``LOW_BIT`` the search pauses below bit ``TIE_BIT``; where a count
+        says more than ``max(stop, 2 * need)`` keys are still at or above it (far more than a
+        bin that narrow holds unless its keys are equal), the least of them is tried as the
         ``need``-th key (it is where fewer than ``need`` keys lie above it): a rank among many
         equal keys in two reductions instead of a count for each remaining bit, which no
-        count narrows. Otherwise the search goes on from there with the count it has. The
+        count narrows. Otherwise the search resumes where it paused, in the same state. The
         key is :func:`_search`'s, except that a tie found is the tied key whole, where
         :func:`_search` leaves its bits below ``LOW_BIT`` 0 (with ``LOW_BIT`` 0, the same)."""
         exact = tl.full((), 0, tl.int32)
         if TIE_BIT > LOW_BIT:
-            x, above = _search_from(keys, need, lo, hi, stop, tl.full((), 2147483647, tl.int32), TIE_BIT)
+            lo_u = lo ^ -2147483648
+            diff = lo_u ^ (hi ^ -2147483648)
+            a, above = _search_bits(keys, need, lo_u, diff, stop, tl.full((), 0, tl.int32),
+                                    tl.full((), 2147483647, tl.int32), tl.full((), 31, tl.int32), TIE_BIT)
+            x = a ^ -2147483648
             if above > stop:
                 tried = tl.full((), 0, tl.int32)
-                # (only after a count: with none, the bit search's own result may lie below v)
+                # (only after a count: before one, lo's leading bits are copied, not counted)
                 if (above > 2 * need) & (above < 2147483647):
                     v = tl.min(tl.where(keys >= x, keys, 2147483647), axis=0)
                     if tl.sum((keys > v).to(tl.int32), axis=0) < need:
@@ -362,7 +364,9 @@ if triton is not None:
                         exact = tl.full((), 1, tl.int32)
                         tried = tl.full((), 1, tl.int32)
                 if tried == 0:
-                    x, _ = _search_from(keys, need, x, x | ((1 << TIE_BIT) - 1), stop, above, LOW_BIT)
+                    a, _ = _search_bits(keys, need, lo_u, diff, stop, a, above, tl.full((), TIE_BIT - 1, tl.int32),
+                                        LOW_BIT)
+                    x = a ^ -2147483648
         else:
             x = _search(keys, need, lo, hi, stop, LOW_BIT)
         return x, exact
@@ -932,6 +936,7 @@ if triton is not None:
         PFK: tl.constexpr = 0,
         PFS: tl.constexpr = 0,
         TIE_BIT: tl.constexpr = 0,
+        SNAP: tl.constexpr = False,
     ):
         """Rows longer than ``WHOLE`` (and at least ``sample_min``): the threshold
         ``(thr[row], tcol[row])`` (:func:`_sample_cut`) and the keys at or above it in lists
@@ -1062,7 +1067,7 @@ if triton is not None:
                 tl.debug_barrier()
                 _select_row(row, length, logits_ptr, starts_ptr, out_ptr, cand32_ptr, cnt_ptr, thr_ptr, ctl_ptr,
                             wpos_ptr, stats_ptr, stride_lm, stride_om, sample_min, hist_ptr, thr_ptr, K, KP, W, WCAP,
-                            STW, WHOLE, CH, BLOCK, RADIX_BITS, R, True, False, STATS, WB, 0)
+                            STW, WHOLE, CH, BLOCK, RADIX_BITS, R, True, False, STATS, WB, 0, SNAP=SNAP)
                 # the next row's candidates and counts are other slots, but the tile's
                 # scratch for reductions is shared: keep the rows apart
                 tl.debug_barrier()
