@@ -354,7 +354,6 @@ if triton is not None:
                                     tl.full((), 2147483647, tl.int32), tl.full((), 31, tl.int32), TIE_BIT)
             x = a ^ -2147483648
             if above > stop:
-                tried = tl.full((), 0, tl.int32)
                 # (only after a count: before one, lo's leading bits are copied, not counted)
                 if (above > 2 * need) & (above < 2147483647):
                     v = tl.min(tl.where(keys >= x, keys, 2147483647), axis=0)
@@ -362,8 +361,7 @@ if triton is not None:
                         # v is the need-th key (as many keys are at or above it as at x)
                         x = v
                         exact = tl.full((), 1, tl.int32)
-                        tried = tl.full((), 1, tl.int32)
-                if tried == 0:
+                if exact == 0:
                     a, _ = _search_bits(keys, need, lo_u, diff, stop, a, above, tl.full((), TIE_BIT - 1, tl.int32),
                                         LOW_BIT)
                     x = a ^ -2147483648
