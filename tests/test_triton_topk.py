@@ -1870,6 +1870,34 @@ def test_indexer_topk_pdl_turns_the_launches_pdl_off_where_the_device_has_it(mon
     assert fixed.config.pdl is False and fixed.plan.sample["PDL"] is False
 
 
+def test_the_driver_version_is_asked_of_the_driver_library(monkeypatch):
+    # cuDriverGetVersion through ctypes (torch has no call for it): its answer where the
+    # library loads and answers, 0 where it fails or no library loads
+    import ctypes
+
+    class Lib:
+        def __init__(self, rc, version):
+            self.rc, self.version = rc, version
+
+        def cuDriverGetVersion(self, ref):
+            ref._obj.value = self.version
+            return self.rc
+
+    def loader(libs):
+        def load(name):
+            if name not in libs:
+                raise OSError(name)
+            return libs[name]
+        return load
+
+    for libs, want in (({TC._LIBCUDA[0]: Lib(0, 12080)}, 12080), ({TC._LIBCUDA[-1]: Lib(0, 13000)}, 13000),
+                       ({TC._LIBCUDA[0]: Lib(100, 12080)}, 0), ({}, 0)):
+        monkeypatch.setattr(ctypes, "CDLL", loader(libs))
+        TC._driver_version.cache_clear()
+        assert TC._driver_version() == want
+    TC._driver_version.cache_clear()
+
+
 def test_pdl_needs_a_driver_whose_graphs_keep_programmatic_edges(monkeypatch):
     # an sm90 GPU with Triton's launch_pdl, on drivers before and from CUDA 12.3
     monkeypatch.setattr(TC, "is_nvidia", lambda device: True)

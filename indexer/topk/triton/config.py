@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import sys
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping, NamedTuple
@@ -601,13 +602,29 @@ def _triton_pdl() -> bool:
 PDL_MIN_DRIVER = 12030
 
 
+#: the CUDA driver library, by platform (its ``cuDriverGetVersion`` needs no ``cuInit``)
+_LIBCUDA = ("nvcuda.dll",) if sys.platform == "win32" else ("libcuda.so.1", "libcuda.so")
+
+
 @functools.lru_cache(maxsize=None)
 def _driver_version() -> int:
-    # (0 where torch cannot say: no PDL)
-    try:
-        return int(torch._C._cuda_getDriverVersion())
-    except Exception:  # noqa: BLE001 - a CPU build, or no driver
-        return 0
+    """The CUDA version the installed driver supports, as ``1000 * major + 10 * minor``
+    (12030 for CUDA 12.3), asked of the driver library itself: torch has no public call for
+    it, and this one creates no CUDA context. 0 where there is no driver."""
+    import ctypes
+
+    for name in _LIBCUDA:
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        version = ctypes.c_int(0)
+        try:
+            if lib.cuDriverGetVersion(ctypes.byref(version)) == 0:
+                return int(version.value)
+        except AttributeError:  # not the driver library
+            pass
+    return 0
 
 
 def pdl_supported(device: torch.device) -> bool:
