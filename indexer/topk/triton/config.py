@@ -254,20 +254,22 @@ class TopkConfig:
             program order (``prefetch.global.L2``), so that DRAM streams the rows while the
             sample kernel runs (it reads little). Applies only where the filter launches with
             ``pdl`` after the sample kernel (NVIDIA); elsewhere, and at ``0``, nothing is
-            prefetched. Not yet measured: off.
+            prefetched. Not yet measured with ``pdl`` on: off.
         sample_tie_bit: The searches over a sample (the sample kernel's, the filter's own,
             the row kernel's two bracketing keys) pause below this bit of the key; where more
             of the sample's keys than the search's slack allows and than twice the rank are
             still at or above it, the least of them is tried as the rank-th key (two
             reductions), which settles a rank among many equal keys without counting the
             remaining bits; the keys found are the same (0, or ``sample_low_bit + 1`` to 31;
-            ``0``: off). Not yet measured: off.
+            ``0``: off). 20 in the sm90 config (measured there: docs/benchmarks.md); off
+            elsewhere.
         select_snap: The select's search for the k-th key among a row's candidates moves an
             end of its bracket to the nearest key wherever a count finds no key between the
             probe and that end (one more reduction), instead of narrowing a gap a few keys a
             count: candidates of few distinct values (ties at the threshold, outliers) settle
             in a few counts (the select launches' and, with ``fused``, the filter's). The same
-            key contract, the same selected sets. Not yet measured: off.
+            key contract, the same selected sets. Off: measured mixed on an H100 (tied rows
+            faster, the others slower; docs/benchmarks.md).
         sample_warps: Warps of the sample kernel (a power of two up to 16). ``None``: 32 of
             its keys a thread, 16 where rows are split (``slices > 1``), within 1-16 warps.
     """
@@ -455,10 +457,13 @@ CONFIGS: Mapping[str, TopkConfig] = MappingProxyType({
     # an SM) beat 16 uncapped by 1.2x on 256 rows of 16K keys; 8 warps uncapped (what
     # row_warps gives 8K-key rows) took 0.81-0.94x the time of 8 capped at 128 or 16 capped
     # at 64 on 384-768 rows of 8K keys (docs/topk.md)
+    # sample_tie_bit=20 (H100, Triton 3.6, the ten distributions): rows of ties 4-14% less
+    # time at 16K-1M keys, ramps and recency up to 3% more on split rows, Gaussian rows
+    # within 2% (docs/benchmarks.md, "The searches' tie check")
     "sm90": TopkConfig(num_warps=4, filter_block=512, programs_per_sm=16, select_warps=4, prefetch=2, dynamic=True,
                        presample=True, ballot_write=True, streaming_filter_maxnreg=32, select_maxnreg=80,
                        fallback_maxnreg=64, fallback_items=8, seeded_filter_maxnreg=48,
-                       row_max=16384, row_warps=16, row_maxnreg=64, row_keys_per_sm=16384),
+                       row_max=16384, row_warps=16, row_maxnreg=64, row_keys_per_sm=16384, sample_tie_bit=20),
 })
 
 
