@@ -283,6 +283,56 @@ def test_split_rows_take_slots_in_runs_and_mark_the_unused_ones(split_run, value
         assert all(h <= bound for h in holes) and (split_run < 128 or sum(holes) > 0), holes
 
 
+@pytest.mark.parametrize("values", ["normal", "few"])
+def test_split_rows_select_from_one_tile_of_their_whole_list(values):
+    # split_tile=cap: a split row's first select reads its whole list (long runs' empty
+    # slots included) in one tile, so there is no second select launch; the torch set
+    rows, n, topk, slices, cap = 4, 6000, 24, 4, 4096
+    logits, masked, starts, lengths = _case(rows, n, topk, seed=32, quantize=2.0 if values == "few" else None,
+                                            min_length=5000)
+    dev = torch.device(DEVICE)
+    run = T.RaggedTopk(dev, rows, n, starts.to(dev), lengths.to(dev), topk,
+                       config=_cfg(cap=cap, slices=slices, split_run=128, split_tile=cap, **SMALL_SAMPLE))
+    assert [kw["STW"] for _, kw in run.plan.selects] == [cap]
+    got = torch.empty(rows, topk, dtype=torch.int32, device=dev)
+    run(logits, got)
+    want = torch.empty(rows, topk, dtype=torch.int32)
+    row_topk(masked, starts, lengths, topk, want)
+    assert torch.equal(got.cpu().sort(1).values, want.sort(1).values)
+
+
+def test_split_tile_replaces_the_first_select_tile_of_split_rows_only(monkeypatch):
+    # (plans only: a CPU device stands for an NVIDIA GPU)
+    monkeypatch.setattr(TC, "is_nvidia", lambda device: True)
+    cpu = torch.device("cpu")
+    sm90 = TC.CONFIGS["sm90"]
+    for slices, want_tile, want_warps in ((1, 4096, sm90.select_warps), (8, 8192, 16)):
+        plan = TC.plan_launches(cpu, dataclasses.replace(sm90, split_tile=8192), 2048, 1 << 17, slices, False)
+        first = [kw for is_first, kw in plan.selects if is_first]
+        assert first[0]["STW"] * first[0]["W"] == want_tile and first[0]["num_warps"] == want_warps, first[0]
+        # one launch where the first tile is the whole list
+        assert len(plan.selects) == (1 if want_tile == plan.cap else 2)
+    with pytest.raises(ValueError, match="split_tile"):
+        TC.TopkConfig(split_tile=3000)
+
+
+def test_split_runs_are_shortened_where_their_empty_slots_would_pass_the_lists_room(monkeypatch):
+    # slices x warps x (run - 1) empty slots at most, within cap - 2 * topk
+    for slices in (2, 8, 16, 32, 64):
+        for split_run in (0, 1, 8, 32, 128):
+            for cap, topk in ((8192, 2048), (4096, 24), (64, 16), (2048, 2048)):
+                run = TC.split_run_for(split_run, slices, 4, cap, topk)
+                assert (run == 0) == (split_run == 0) and run <= split_run
+                assert run <= 1 or slices * 4 * (run - 1) <= cap - 2 * topk
+                # and the longest such run: twice as long would not fit
+                assert run in (0, split_run) or slices * 4 * (2 * run - 1) > cap - 2 * topk
+    assert [TC.split_run_for(32, s, 4, 8192, 2048) for s in (8, 16, 32, 64)] == [32, 32, 32, 16]
+    monkeypatch.setattr(TC, "is_nvidia", lambda device: True)
+    plan = TC.plan_launches(torch.device("cpu"), dataclasses.replace(TC.CONFIGS["sm90"], split_run=32), 2048, 1 << 21,
+                            64, False)
+    assert plan.filter["RUN"] == 16
+
+
 def test_a_split_rows_staged_list_that_overflows_sends_the_row_to_the_fallback():
     # split_stage: a slice's warp stages at most cap / num_warps keys (16 here). 32 large
     # keys, rising with the column, at the row's first 32 columns (one warp's, whether a

@@ -151,9 +151,15 @@ class TopkConfig:
             run and waits on the counter's atomic add only when they do not fit what is left
             (a new run: the keys left over or ``split_run`` slots, whichever is more). Slots
             a warp leaves unused in its last run are marked empty and skipped by the select
-            (at most ``split_run - 1`` a warp, out of ``cap``). ``0``: one atomic add a warp
-            for each block with keys to place, no empty slots. Used only without
-            ``split_stage``.
+            (at most ``split_run - 1`` a warp, out of ``cap``; runs are shortened where a
+            row's warps could leave more than ``cap - 2 * topk``: :func:`split_run_for`).
+            ``0``: one atomic add a warp for each block with keys to place, no empty slots.
+            Used only without ``split_stage``.
+        split_tile: Slots of the first select launch where rows are split (``slices > 1``):
+            a power of two, ``num_warps`` to ``cap``, in place of ``tile``; that launch takes
+            ``max(select_warps, min(16, split_tile // 512))`` warps. ``None``: ``tile``, as
+            whole rows. With ``cap`` the row's whole list is one tile, so no row goes to the
+            second select launch however many slots its runs leave empty.
         split_stage: A split row's filter programs list their keys as a whole row's do,
             one list a warp in scratch of their own (``8 * cap`` bytes a program), and copy
             them to the row's list at the end of the slice, at slots taken by one atomic add
@@ -295,6 +301,7 @@ class TopkConfig:
     slices: int | None = None
     split_run: int = SPLIT_RUN
     split_stage: bool = False
+    split_tile: int | None = None
     radix_bits: int = RADIX_BITS
     pieces: int = PIECES
     piece: int = PIECE
@@ -385,6 +392,8 @@ class TopkConfig:
             raise ValueError(f"slices must be None or a power of two in 1-{MAX_SLICES}, got {self.slices!r}")
         if not (_int(self.split_run) and (self.split_run == 0 or _pow2(self.split_run)) and self.split_run <= 128):
             raise ValueError(f"split_run must be 0 or a power of two of at most 128, got {self.split_run!r}")
+        if self.split_tile is not None and not (_int(self.split_tile) and _pow2(self.split_tile)):
+            raise ValueError(f"split_tile must be None or a power of two, got {self.split_tile!r}")
         if not isinstance(self.split_stage, bool):
             raise ValueError(f"split_stage must be True or False, got {self.split_stage!r}")
         if self.fused and self.slices is not None and self.slices > 1:
@@ -755,6 +764,10 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
         filter_maxnreg = c.streaming_filter_maxnreg if streaming else None
     cap = default_cap(topk) if c.cap is None else c.cap
     tile = min(max(_next_pow2(2 * topk), num_warps), cap) if c.tile is None else c.tile
+    select_warps = c.select_warps
+    if slices > 1 and c.split_tile is not None:
+        tile = c.split_tile
+        select_warps = max(select_warps, min(16, tile // 512))
     for name, value in (("filter_maxnreg", filter_maxnreg), ("select_maxnreg", c.select_maxnreg),
                         ("fallback_maxnreg", c.fallback_maxnreg), ("row_maxnreg", c.row_maxnreg)):
         if value and not is_nvidia(device):
@@ -830,7 +843,8 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
         DYNAMIC=bool(c.dynamic), FUSED=bool(fused), STW=tile // num_warps, CH=fused_ch, PRESAMPLE=presample,
         WB=fused_wb, num_warps=num_warps, **dict(common, W=num_warps), CAP=cap, SL=slices, RETRY=False,
         SECOND=second, RETRIES=bool(count_retries), JITTER=c.sample_jitter, DEAL=c.filter_deal, RETRY_FROM=retry_from,
-        HIST=seed, RUN=c.split_run if slices > 1 and not c.split_stage else 0, STAGE=slices > 1 and c.split_stage,
+        HIST=seed, RUN=split_run_for(c.split_run, slices, num_warps, cap, topk) if slices > 1 and not c.split_stage
+        else 0, STAGE=slices > 1 and c.split_stage,
         PFK=0, PFS=0, TIE_BIT=c.sample_tie_bit, SNAP=c.select_snap,
         **(dict(maxnreg=filter_maxnreg) if filter_maxnreg else {}))
     sample_kw = None
@@ -847,7 +861,7 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
                              TIE_BIT=c.sample_tie_bit, num_warps=sample_warps)
     # split rows retry in a launch of their own (rows strided over its programs)
     retry_kw = LaunchKw(filter_kw, RETRY=True, DYNAMIC=False) if slices > 1 else None
-    selects = select_launches(common, tile, cap, c.select_warps, fused, c.tile_write, c.select_maxnreg,
+    selects = select_launches(common, tile, cap, select_warps, fused, c.tile_write, c.select_maxnreg,
                                c.ballot_write, c.fallback_split if fallback_kw is not None else 0,
                                fallback_kw["BUF"] if seed else None, bool(count_seeded), slices > 1, c.select_snap)
     return LaunchPlan(c.programs_per_sm, num_warps, cap, _with_pdl(sample_kw, pdl), _with_pdl(filter_kw, pdl),
@@ -918,6 +932,19 @@ def _check_stats(stats: torch.Tensor | None, device: torch.device) -> None:
                               or not stats.is_contiguous()):
         raise ValueError(f"stats must be a contiguous int32 tensor of at least 4 entries on {device}, got "
                          f"{stats.dtype} {list(stats.shape)} on {stats.device}")
+
+
+def split_run_for(split_run: int, slices: int, num_warps: int, cap: int, topk: int) -> int:
+    """The run of list slots a split row's filter warp takes (``RUN``): ``split_run``, halved
+    while the empty slots its runs can leave a row, ``slices * num_warps * (run - 1)``, would
+    pass the room its list keeps beyond ``2 * topk`` keys (``cap - 2 * topk``): longer runs
+    than that fill the list with holes and send rows to the fallback (2M keys in 64 slices
+    with runs of 32: 1.9x the time, docs/benchmarks.md). ``0`` stays ``0``."""
+    room = max(cap - 2 * topk, 0)
+    run = split_run
+    while run > 1 and slices * num_warps * (run - 1) > room:
+        run //= 2
+    return run
 
 
 def select_constexprs(topk: int, lists: int, cap: int, whole: int, block: int, radix_bits: int, stats: bool) -> dict:
