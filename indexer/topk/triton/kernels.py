@@ -492,12 +492,19 @@ if triton is not None:
         stop = rank + (rank.to(tl.float32) * SLACK).to(tl.int32)
         x, exact = _search_tie(skeys, rank, -2147483648, 2147483647, stop, LOW_BIT, TIE_BIT)
         tcol = tl.full((), 2147483647, tl.int32)
-        if tl.sum((skeys >= x).to(tl.int32), axis=0) > stop:
+        # a tie found is the rank-th key with more than max(stop, 2 * rank) keys at or above
+        # it: both counts below are known then
+        over = exact
+        if exact == 0:
+            over = (tl.sum((skeys >= x).to(tl.int32), axis=0) > stop).to(tl.int32)
+        if over != 0:
             # the search ran out of bits: the rank-th key exactly (it lies in x's last
             # LOW_BIT bits), then whether the sample ties there
+            ties = exact
             if exact == 0:
                 x = _search(skeys, rank, x, x | ((1 << LOW_BIT) - 1), rank, 0)
-            if tl.sum((skeys >= x).to(tl.int32), axis=0) > rank:
+                ties = (tl.sum((skeys >= x).to(tl.int32), axis=0) > rank).to(tl.int32)
+            if ties != 0:
                 need = rank - tl.sum((skeys > x).to(tl.int32), axis=0)
                 # run j of the sample lies in columns [j * spread, (j + 1) * spread): the cut
                 # ends the run that holds the need-th tied key, found from the runs' tie
