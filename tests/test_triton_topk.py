@@ -314,6 +314,10 @@ def test_split_tile_replaces_the_first_select_tile_of_split_rows_only(monkeypatc
         assert len(plan.selects) == (1 if want_tile == plan.cap else 2)
     with pytest.raises(ValueError, match="split_tile"):
         TC.TopkConfig(split_tile=3000)
+    # one past the list, or below a slot a warp: refused by name, whole rows or split
+    for bad, slices in ((16384, 8), (16384, 1), (2, 8)):
+        with pytest.raises(ValueError, match="split_tile must be in num_warps..cap"):
+            TC.plan_launches(cpu, dataclasses.replace(sm90, split_tile=bad), 2048, 1 << 17, slices, False)
 
 
 def test_split_runs_are_shortened_where_their_empty_slots_would_pass_the_lists_room(monkeypatch):
@@ -1920,10 +1924,12 @@ def test_indexer_topk_pdl_turns_the_launches_pdl_off_where_the_device_has_it(mon
     assert fixed.config.pdl is False and fixed.plan.sample["PDL"] is False
 
 
-def test_the_driver_version_is_asked_of_the_driver_library(monkeypatch):
+def test_the_driver_version_is_asked_of_the_driver_library(monkeypatch, request):
     # cuDriverGetVersion through ctypes (torch has no call for it): its answer where the
     # library loads and answers, 0 where it fails or no library loads
     import ctypes
+
+    request.addfinalizer(TC._driver_version.cache_clear)  # no fake version left cached
 
     class Lib:
         def __init__(self, rc, version):
@@ -1940,12 +1946,24 @@ def test_the_driver_version_is_asked_of_the_driver_library(monkeypatch):
             return libs[name]
         return load
 
-    for libs, want in (({TC._LIBCUDA[0]: Lib(0, 12080)}, 12080), ({TC._LIBCUDA[-1]: Lib(0, 13000)}, 13000),
-                       ({TC._LIBCUDA[0]: Lib(100, 12080)}, 0), ({}, 0)):
+    class NoSymbol:
+        pass
+
+    class Raises:
+        def cuDriverGetVersion(self, ref):
+            raise ctypes.ArgumentError("bad argument")
+
+    first, last = TC._LIBCUDA[0], TC._LIBCUDA[-1]
+    cases = [({first: Lib(0, 12080)}, 12080), ({first: Lib(100, 12080)}, 0), ({first: NoSymbol()}, 0),
+             ({first: Raises()}, 0), ({}, 0)]
+    if last != first:
+        # the next library name answers where the first is missing, not the driver's or fails
+        cases += [({last: Lib(0, 13000)}, 13000), ({first: Lib(100, 12080), last: Lib(0, 13000)}, 13000),
+                  ({first: NoSymbol(), last: Lib(0, 13000)}, 13000)]
+    for libs, want in cases:
         monkeypatch.setattr(ctypes, "CDLL", loader(libs))
         TC._driver_version.cache_clear()
-        assert TC._driver_version() == want
-    TC._driver_version.cache_clear()
+        assert TC._driver_version() == want, (libs, want)
 
 
 def test_pdl_needs_a_driver_whose_graphs_keep_programmatic_edges(monkeypatch):

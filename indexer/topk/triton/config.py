@@ -157,9 +157,11 @@ class TopkConfig:
             Used only without ``split_stage``.
         split_tile: Slots of the first select launch where rows are split (``slices > 1``):
             a power of two, ``num_warps`` to ``cap``, in place of ``tile``; that launch takes
-            ``max(select_warps, min(16, split_tile // 512))`` warps. ``None``: ``tile``, as
-            whole rows. With ``cap`` the row's whole list is one tile, so no row goes to the
-            second select launch however many slots its runs leave empty.
+            ``max(select_warps, min(16, split_tile // 512))`` warps, and in such a call rows
+            of up to ``split_tile`` keys are selected on the row itself, as ``tile`` sets for
+            whole rows. ``None``: ``tile``, as whole rows. With ``cap`` the row's whole list
+            is one tile, so no row goes to the second select launch however many slots its
+            runs leave empty.
         split_stage: A split row's filter programs list their keys as a whole row's do,
             one list a warp in scratch of their own (``8 * cap`` bytes a program), and copy
             them to the row's list at the end of the slice, at slots taken by one atomic add
@@ -466,9 +468,11 @@ CONFIGS: Mapping[str, TopkConfig] = MappingProxyType({
     # an SM) beat 16 uncapped by 1.2x on 256 rows of 16K keys; 8 warps uncapped (what
     # row_warps gives 8K-key rows) took 0.81-0.94x the time of 8 capped at 128 or 16 capped
     # at 64 on 384-768 rows of 8K keys (docs/topk.md)
-    # sample_tie_bit=20 (H100, Triton 3.6, the ten distributions): rows of ties 4-14% less
-    # time at 16K-1M keys, ramps and recency up to 3% more on split rows, Gaussian rows
-    # within 2% (docs/benchmarks.md, "The searches' tie check")
+    # sample_tie_bit=20 (H100, Triton 3.6, the ten distributions, launched without PDL): rows
+    # of ties 4-14% less time at 16K-1M keys (few_distinct at 16K: unchanged), ramps and
+    # recency up to 3% more on split rows, Gaussian rows within 2%; the row kernel's searches
+    # (few rows of at most 16K keys) take it too, not measured there (docs/benchmarks.md,
+    # "The searches' tie check")
     "sm90": TopkConfig(num_warps=4, filter_block=512, programs_per_sm=16, select_warps=4, prefetch=2, dynamic=True,
                        presample=True, ballot_write=True, streaming_filter_maxnreg=32, select_maxnreg=80,
                        fallback_maxnreg=64, fallback_items=8, seeded_filter_maxnreg=48,
@@ -628,16 +632,12 @@ def _driver_version() -> int:
     import ctypes
 
     for name in _LIBCUDA:
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
         version = ctypes.c_int(0)
         try:
-            if lib.cuDriverGetVersion(ctypes.byref(version)) == 0:
+            if ctypes.CDLL(name).cuDriverGetVersion(ctypes.byref(version)) == 0:
                 return int(version.value)
-        except AttributeError:  # not the driver library
-            pass
+        except Exception:  # noqa: BLE001 - no such library, not the driver's, or its call failed
+            continue
     return 0
 
 
@@ -781,6 +781,9 @@ def plan_launches(device: torch.device, config: TopkConfig, topk: int, n: int, s
     # column offsets are int32: a row and the steps read past its end must stay below 2**31
     if n + (c.prefetch + 1) * max(filter_block, c.block, tile) >= 1 << 31:
         raise ValueError(f"logits rows of {n} keys are too long for int32 column offsets")
+    if c.split_tile is not None and not (num_warps <= c.split_tile <= cap):
+        raise ValueError(f"split_tile must be in num_warps..cap; got split_tile={c.split_tile}, "
+                         f"num_warps={num_warps}, cap={cap}")
     if not (num_warps <= tile <= cap):
         raise ValueError(f"need num_warps <= tile <= cap; got num_warps={num_warps}, tile={tile}, cap={cap}")
     if c.ballot and not _ballot_ok(device, num_warps, filter_block):
