@@ -330,10 +330,8 @@ if triton is not None:
         left 0. Either way ``x`` is a lower bound of the ``need``-th largest key; with
         ``stop == need`` an early end means exactly ``need`` keys are ``>= x``, the same set
         as the ``need`` largest, so the callers' selection by ``x`` stays exact."""
-        lo_u = lo ^ -2147483648
-        a, _ = _search_bits(keys, need, lo_u, lo_u ^ (hi ^ -2147483648), stop, tl.full((), 0, tl.int32),
-                            tl.full((), 2147483647, tl.int32), tl.full((), 31, tl.int32), LOW_BIT)
-        return a ^ -2147483648
+        x, _ = _search_tie(keys, need, lo, hi, stop, LOW_BIT, 0)
+        return x
 
     @triton.jit
     def _search_tie(keys, need, lo, hi, stop, LOW_BIT: tl.constexpr, TIE_BIT: tl.constexpr):
@@ -346,28 +344,27 @@ if triton is not None:
         count narrows. Otherwise the search resumes where it paused, in the same state. The
         key is :func:`_search`'s, except that a tie found is the tied key whole, where
         :func:`_search` leaves its bits below ``LOW_BIT`` 0 (with ``LOW_BIT`` 0, the same)."""
+        lo_u = lo ^ -2147483648
+        diff = lo_u ^ (hi ^ -2147483648)
+        # down to TIE_BIT, where the search pauses, or to LOW_BIT, where it ends
+        a, above = _search_bits(keys, need, lo_u, diff, stop, tl.full((), 0, tl.int32),
+                                tl.full((), 2147483647, tl.int32), tl.full((), 31, tl.int32),
+                                TIE_BIT if TIE_BIT > LOW_BIT else LOW_BIT)
         exact = tl.full((), 0, tl.int32)
         if TIE_BIT > LOW_BIT:
-            lo_u = lo ^ -2147483648
-            diff = lo_u ^ (hi ^ -2147483648)
-            a, above = _search_bits(keys, need, lo_u, diff, stop, tl.full((), 0, tl.int32),
-                                    tl.full((), 2147483647, tl.int32), tl.full((), 31, tl.int32), TIE_BIT)
-            x = a ^ -2147483648
             if above > stop:
                 # (only after a count: before one, lo's leading bits are copied, not counted)
                 if (above > 2 * need) & (above < 2147483647):
+                    x = a ^ -2147483648
                     v = tl.min(tl.where(keys >= x, keys, 2147483647), axis=0)
                     if tl.sum((keys > v).to(tl.int32), axis=0) < need:
                         # v is the need-th key (as many keys are at or above it as at x)
-                        x = v
+                        a = v ^ -2147483648
                         exact = tl.full((), 1, tl.int32)
                 if exact == 0:
                     a, _ = _search_bits(keys, need, lo_u, diff, stop, a, above, tl.full((), TIE_BIT - 1, tl.int32),
                                         LOW_BIT)
-                    x = a ^ -2147483648
-        else:
-            x = _search(keys, need, lo, hi, stop, LOW_BIT)
-        return x, exact
+        return a ^ -2147483648, exact
 
     @triton.jit
     def kth_key(keys, need, lo, count_lo, hi, BISECT_AFTER: tl.constexpr, SPAN: tl.constexpr,
