@@ -1274,22 +1274,19 @@ def _kth_key_probe(keys_ptr, out_ptr, n, need, below, TILE: tl.constexpr, BISECT
     tl.store(out_ptr, TK.kth_key(keys, need, lo.to(tl.int32), n, tl.max(keys, axis=0), BISECT_AFTER, SPAN, SNAP))
 
 
-def _key_cases_floats(values):
-    # _skey of float32 values, on the host
-    v = torch.tensor(values, dtype=torch.float32)
-    bits = v.view(torch.int32)
-    return bits ^ ((bits >> 31) & torch.iinfo(torch.int32).max)
+def _host_skey(v):
+    # the kernels' _skey of float32 values, on the host
+    i32 = torch.iinfo(torch.int32)
+    bits = v.view(torch.int32).clone()
+    bits[bits == i32.min] = 0
+    bits[v != v] = i32.max
+    return bits ^ ((bits >> 31) & i32.max)
 
 
 def _key_cases():
     g = torch.Generator().manual_seed(5)
     i32 = torch.iinfo(torch.int32)
-
-    def skey(v):  # _skey on the host
-        bits = v.view(torch.int32).clone()
-        bits[bits == i32.min] = 0
-        bits[v != v] = i32.max
-        return bits ^ ((bits >> 31) & i32.max)
+    skey = _host_skey
 
     yield "full int range", torch.randint(i32.min + 1, i32.max, (200,), generator=g, dtype=torch.int32)
     yield "normal floats", skey(torch.randn(256, generator=g))
@@ -1352,7 +1349,7 @@ def test_the_tie_search_finds_the_bit_searchs_key_and_flags_only_the_exact_rank(
     found_tie = 0
     cases = list(_key_cases())
     # lo's leading bits shared with the whole range's top above TIE_BIT, the first stage no count
-    cases.append(("a bound among large keys", _key_cases_floats([3.0, 3.5, 4.0])))
+    cases.append(("a bound among large keys", _host_skey(torch.tensor([3.0, 3.5, 4.0]))))
     for name, keys in cases:
         n = keys.numel()
         ordered = keys.sort(descending=True).values
